@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One entry point for a fresh machine: creates .venv on first use, then
+#   bash run.sh train [hydra overrides...]   the default offline->online experiment
+#   bash run.sh test  [pytest args...]       the test suite
+#   bash run.sh setup                        only install
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV=.venv
+STAMP=$VENV/.installed-$(sha1sum pyproject.toml | cut -c1-12)
+
+setup() {
+    if [ -f "$STAMP" ]; then return; fi
+    echo "[run.sh] installing into $VENV (first run only, a few minutes)" >&2
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q --upgrade pip
+    # torch first, from the CPU wheel: a plain 'torch' would pull a multi-GB CUDA build.
+    "$VENV/bin/pip" install -q torch==2.13.0
+    "$VENV/bin/pip" install -q -e ".[test,ray]" torch==2.13.0
+    rm -f "$VENV"/.installed-*
+    touch "$STAMP"
+}
+
+cmd=${1:-help}; shift || true
+case "$cmd" in
+    setup) setup ;;
+    train)
+        setup
+        export WANDB_MODE=${WANDB_MODE:-offline} MUJOCO_GL=${MUJOCO_GL:-egl}
+        exec "$VENV/bin/python" -m embodied.train "$@" ;;
+    test)
+        setup
+        export WANDB_MODE=${WANDB_MODE:-disabled} MUJOCO_GL=${MUJOCO_GL:-egl}
+        exec "$VENV/bin/python" -m pytest -q "$@" ;;
+    *) echo "usage: bash run.sh {train|test|setup} [args...]" >&2; exit 2 ;;
+esac
