@@ -1,0 +1,10 @@
+"""Simulated tasks by name: `sims.make(name)` gives a gymnasium env with the project's contract.
+
+Observations are `{"observation.state": float32[obs_dim]}`, actions float32 in [-1, 1].
+Importing a task module registers its tasks; new suites do the same with `register_task`.
+"""
+from sims.registry import TaskSpec, make, names, normalized_score, register_task, spec
+from sims import locomotion, pointmaze  # noqa: F401  (registers the tasks)
+from sims.experts import expert
+
+__all__ = ["TaskSpec", "make", "names", "spec", "normalized_score", "register_task", "expert"]

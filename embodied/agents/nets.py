@@ -1,0 +1,115 @@
+"""Building blocks shared by the agents: a fused critic ensemble and checkpoint flattening."""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class EnsembleMLP(nn.Module):
+    """N independent MLPs evaluated as one batched matmul per layer (no Python loop over members).
+
+    Weights are [N, in, out]; inputs [B, in] are shared by all members, [N, B, in] are per-member.
+    """
+
+    def __init__(self, num_members: int, in_dim: int, hidden: tuple[int, ...], out_dim: int,
+                 layernorm: bool = False):
+        super().__init__()
+        self.num_members, self.layernorm = num_members, layernorm
+        dims = [in_dim, *hidden, out_dim]
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        self.ln_weights = nn.ParameterList()
+        self.ln_biases = nn.ParameterList()
+        for i, (fan_in, fan_out) in enumerate(zip(dims[:-1], dims[1:])):
+            weight = torch.empty(num_members, fan_in, fan_out)
+            bound = 1.0 / math.sqrt(fan_in)  # torch.nn.Linear's default init, per member
+            for member in weight:
+                nn.init.kaiming_uniform_(member.T, a=math.sqrt(5))
+            self.weights.append(nn.Parameter(weight))
+            self.biases.append(nn.Parameter(torch.empty(num_members, 1, fan_out).uniform_(-bound, bound)))
+            if layernorm and i < len(dims) - 2:
+                self.ln_weights.append(nn.Parameter(torch.ones(num_members, 1, fan_out)))
+                self.ln_biases.append(nn.Parameter(torch.zeros(num_members, 1, fan_out)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.ndim == 2:
+            x = x.unsqueeze(0).expand(self.num_members, -1, -1)
+        last = len(self.weights) - 1
+        for i, (weight, bias) in enumerate(zip(self.weights, self.biases)):
+            x = torch.baddbmm(bias, x, weight)
+            if i < last:
+                if self.layernorm:
+                    x = F.layer_norm(x, x.shape[-1:]) * self.ln_weights[i] + self.ln_biases[i]
+                x = F.relu(x)
+        return x
+
+
+class CriticEnsemble(nn.Module):
+    """Q(s, a) for N critics at once: returns [N, B]."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: tuple[int, ...], num_critics: int,
+                 layernorm: bool = False):
+        super().__init__()
+        self.num_critics = num_critics
+        self.net = EnsembleMLP(num_critics, obs_dim + act_dim, hidden, 1, layernorm)
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([obs, action], dim=-1)).squeeze(-1)
+
+
+class ValueEnsemble(nn.Module):
+    """V(s) for N members: returns [N, B] (IQL uses N=1)."""
+
+    def __init__(self, obs_dim: int, hidden: tuple[int, ...], num_members: int = 1, layernorm: bool = False):
+        super().__init__()
+        self.net = EnsembleMLP(num_members, obs_dim, hidden, 1, layernorm)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs).squeeze(-1)
+
+
+@torch.no_grad()
+def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
+    torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
+
+
+def adam(params, lr: float) -> torch.optim.Adam:
+    """Adam with the fused kernel where this torch supports it (CPU and CUDA in torch >= 2.4)."""
+    try:
+        return torch.optim.Adam(params, lr=lr, fused=True)
+    except (RuntimeError, TypeError):
+        return torch.optim.Adam(params, lr=lr, foreach=True)
+
+
+def to_torch(batch: Mapping[str, np.ndarray | torch.Tensor], device: torch.device | str) -> dict[str, torch.Tensor]:
+    out = {}
+    for key, value in batch.items():
+        tensor = torch.as_tensor(value, device=device)
+        out[key] = tensor.float() if tensor.dtype in (torch.float64, torch.bool, torch.uint8) else tensor
+    return out
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer, prefix: str) -> dict[str, torch.Tensor]:
+    """Adam moments and step counts as flat tensors, for safetensors checkpoints.
+
+    Hyper-parameters are not stored: they come from the run config when the optimizer is rebuilt.
+    """
+    tensors = {}
+    for index, entry in optimizer.state_dict()["state"].items():
+        for key, value in entry.items():
+            tensors[f"{prefix}.{index}.{key}"] = torch.as_tensor(value).detach().cpu().clone()
+    return tensors
+
+
+def load_optimizer_tensors(optimizer: torch.optim.Optimizer, tensors: Mapping[str, torch.Tensor], prefix: str) -> None:
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, value in tensors.items():
+        if name.startswith(prefix + "."):
+            index, key = name[len(prefix) + 1:].split(".", 1)
+            state.setdefault(int(index), {})[key] = value
+    optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})

@@ -1,0 +1,409 @@
+"""The offline→online loop: pretrain on a dataset, switch, fine-tune in the environment.
+
+Every preset (wsrl, rlpd, calql, naive, scratch) is this one loop with different switch knobs:
+
+    offline phase   `offline_steps` gradient steps of `offline_algo` on the dataset (skipped when None)
+    switch          loss swap to `online_algo` (or keep the offline loss: "same"), optionally a fresh
+                    critic and/or fresh optimizer state; the pretrained actor is frozen as a reference
+    online phase    `warmup_steps` env steps with the pretrained policy and no gradient steps (WSRL),
+                    `random_steps` uniform-random env steps (scratch/RLPD), then `utd` updates per env
+                    step on batches mixing offline data at `offline_ratio`
+
+Switch diagnostics (logged for every run): post-switch dip, the critic's Q against the Monte-Carlo
+returns of fresh online episodes (calibration gap), and the distance of the fine-tuned actor's actions
+from the pretrained actor's on online states.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+import sims
+from embodied import agents
+from embodied.agents.sac import SAC
+from embodied.data.dataset import Dataset
+from embodied.data.replay import MixedReplay, ReplayBuffer
+from embodied.errors import CheckpointError, ConfigError
+from embodied.evaluation import evaluate, record_video
+from embodied.stats import DIP_WINDOW_FRACTION, post_switch_dip
+from policies.base import STATE_KEY
+
+
+@dataclass
+class RunnerConfig:
+    env: str
+    offline_algo: str | None = "calql"        # None: no pretraining (scratch, rlpd)
+    online_algo: str = "sac"                  # "same": keep the offline loss online (Cal-QL fine-tuning)
+    offline_agent: dict = field(default_factory=dict)   # config overrides for the offline agent
+    online_agent: dict = field(default_factory=dict)    # ... and for the online agent (SAC)
+    offline_steps: int = 10_000
+    online_steps: int = 10_000                # environment steps, warmup and random steps included
+    offline_batch_size: int = 256
+    online_batch_size: int = 256
+    utd: int = 1
+    offline_ratio: float = 0.0                # share of offline data in online batches (WSRL 0, RLPD 0.5)
+    warmup_steps: int = 0                     # WSRL: env steps with the pretrained policy, no gradient steps
+    random_steps: int = 0                     # uniform-random env steps before learning (scratch, RLPD)
+    reinit_critic: bool = False
+    reset_optimizers: bool = False
+    gamma: float = 0.99
+    reward_scale: float = 1.0                 # r' = reward_scale * r + reward_bias, applied once, here
+    reward_bias: float = 0.0
+    sparse_failure_reward: float | None = None  # raw reward of a failed step on sparse tasks (Cal-QL MC returns)
+    eval_every_offline: int = 2_000
+    eval_every_online: int = 2_000
+    eval_episodes: int = 10
+    dip_evals: int = 4                        # extra evals inside the dip window(s), so the dip is measured
+    video_episodes: int = 1
+    video_size: int = 128
+    log_every: int = 500
+    checkpoint_every: int = 0                 # in total steps (offline grad steps + online env steps); 0: off
+    keep_checkpoints: int = 2
+    replay_capacity: int = 1_000_000
+    seed: int = 0
+    device: str = "cpu"
+
+    def validate(self) -> None:
+        if not 0.0 <= self.offline_ratio <= 1.0:
+            raise ConfigError(f"algo.offline_ratio={self.offline_ratio} must be in [0, 1]")
+        if self.offline_algo is None and self.online_algo == "same":
+            raise ConfigError("algo.online_algo=same needs an offline_algo to continue; set algo.online_algo=sac")
+        for name in ("offline_steps", "online_steps", "warmup_steps", "random_steps"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= 0")
+        if self.utd < 1 or self.eval_episodes < 1:
+            raise ConfigError("algo.utd and eval.episodes must be >= 1")
+
+    def transform_rewards(self, rewards: np.ndarray) -> np.ndarray:
+        return (self.reward_scale * np.asarray(rewards, np.float32) + self.reward_bias).astype(np.float32)
+
+
+class Runner:
+    def __init__(self, cfg: RunnerConfig, dataset: Dataset | None, run_dir: str | Path, logger,
+                 progress: bool = True):
+        cfg.validate()
+        self.cfg, self.dataset, self.logger, self.progress = cfg, dataset, logger, progress
+        self.run_dir = Path(run_dir)
+        self.spec = sims.spec(cfg.env)
+        self.rng = np.random.default_rng(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        obs_dim, act_dim = self.spec.obs_dim, self.spec.act_dim
+        needs_data = cfg.offline_algo is not None or cfg.offline_ratio > 0
+        if needs_data and dataset is None:
+            raise ConfigError("this preset uses offline data but no dataset was given; set dataset=...")
+        if dataset is not None:
+            dataset.validate(obs_dim=obs_dim, act_dim=act_dim)
+        self.offline_buffer = self._offline_buffer() if needs_data else None
+        self.online_buffer = ReplayBuffer(obs_dim, act_dim, capacity=max(cfg.online_steps, 1), seed=cfg.seed + 1)
+        self.keep_episode_mc = False  # online transitions need MC returns when Cal-QL keeps training online
+
+        self.offline_agent = None
+        if cfg.offline_algo is not None:
+            self.offline_agent = agents.make(cfg.offline_algo, obs_dim, act_dim, cfg.offline_agent, cfg.device, cfg.seed)
+        self.agent = self.offline_agent
+        self.pretrained_actor = None
+        # progress state (checkpointed)
+        self.phase = "offline" if cfg.offline_algo is not None and cfg.offline_steps > 0 else "online"
+        self.offline_step = 0
+        self.online_step = 0
+        self.episodes_done = 0
+        self.end_of_offline: dict | None = None
+        self.switched = False
+        self.eval_history: list[dict] = []
+
+    # -- data -----------------------------------------------------------------------------------
+    def _offline_buffer(self) -> ReplayBuffer:
+        cfg, ds = self.cfg, self.dataset
+        rewards = cfg.transform_rewards(ds.rewards)
+        failure = None if cfg.sparse_failure_reward is None else float(cfg.transform_rewards(np.array([cfg.sparse_failure_reward]))[0])
+        mc = ds.mc_returns(cfg.gamma, rewards=rewards, sparse_failure_reward=failure)
+        buffer = ReplayBuffer(self.spec.obs_dim, self.spec.act_dim, capacity=len(ds), seed=cfg.seed + 2)
+        buffer.add_dataset(Dataset(ds.observations, ds.actions, rewards, ds.next_observations, ds.terminals,
+                                   ds.timeouts, dict(ds.metadata)), mc_returns=mc)
+        return buffer
+
+    def _sampler(self):
+        ratio = self.cfg.offline_ratio if self.offline_buffer is not None else 0.0
+        return MixedReplay(self.offline_buffer, self.online_buffer, ratio, seed=self.cfg.seed + 3)
+
+    # -- evaluation -------------------------------------------------------------------------------
+    def _deterministic(self, states: np.ndarray) -> np.ndarray:
+        return self.agent.actor.act(states, deterministic=True)[:, 0, :]
+
+    def evaluate(self, step: int, total_step: int, final: bool = False) -> dict:
+        cfg = self.cfg
+        result = evaluate(cfg.env, self._deterministic, cfg.eval_episodes, seed=cfg.seed * 1000 + 10_000 + total_step,
+                          gamma=cfg.gamma, reward_transform=cfg.transform_rewards)
+        metrics = result.metrics()
+        critic = getattr(self.agent, "critic", None)
+        if critic is not None and self.phase == "online":
+            q = self.agent.q_values(result.states, result.actions)
+            metrics["switch/calibration_gap"] = float(np.mean(q - result.mc_returns))
+            metrics["switch/q_mean"] = float(np.mean(q))
+            metrics["switch/mc_return_mean"] = float(np.mean(result.mc_returns))
+        if self.pretrained_actor is not None and len(self.online_buffer) > 0:
+            states = self.online_buffer.sample(min(1024, len(self.online_buffer)))["observations"]
+            with torch.no_grad():
+                now = self.agent.actor.act(states, deterministic=True)[:, 0, :]
+                before = self.pretrained_actor.act(states, deterministic=True)[:, 0, :]
+            metrics["switch/action_distance"] = float(np.mean(np.linalg.norm(now - before, axis=-1)))
+        record = {"step": step, "total_step": total_step, "phase": self.phase, **metrics}
+        self.eval_history.append(record)
+        self.logger.log({**metrics, "total_step": total_step}, step=step, phase=self.phase, kind="eval")
+        return record
+
+    # -- phases ---------------------------------------------------------------------------------
+    def run(self) -> dict:
+        if self.phase == "offline":
+            self._run_offline()
+        if not self.switched:
+            self._switch()
+        self._run_online()
+        return self._finish()
+
+    def _run_offline(self) -> None:
+        cfg = self.cfg
+        if self.offline_step == 0:
+            self.evaluate(0, 0)
+        bar = tqdm(total=cfg.offline_steps, initial=self.offline_step, desc=f"offline {cfg.offline_algo}",
+                   disable=not self.progress, dynamic_ncols=True)
+        window: list[dict] = []
+        while self.offline_step < cfg.offline_steps:
+            window.append(self.agent.update(self.offline_buffer.sample(cfg.offline_batch_size)))
+            self.offline_step += 1
+            bar.update(1)
+            step = self.offline_step
+            if step % cfg.log_every == 0:
+                self.logger.log({**_mean(window), "total_step": step}, step=step, phase="offline", kind="train")
+                window = []
+            if step % cfg.eval_every_offline == 0 or step == cfg.offline_steps:
+                record = self.evaluate(step, step)
+                bar.set_postfix(score=f"{record['eval/score']:.1f}")
+            self._maybe_checkpoint(step)
+        bar.close()
+
+    def _switch(self) -> None:
+        cfg = self.cfg
+        if self.offline_agent is not None:
+            last = [r for r in self.eval_history if r["phase"] == "offline"]
+            self.end_of_offline = last[-1] if last else self.evaluate(self.offline_step, self.offline_step)
+            self.pretrained_actor = copy.deepcopy(self.offline_agent.actor).requires_grad_(False)
+        if cfg.online_algo == "same":
+            self.agent = self.offline_agent
+            self.keep_episode_mc = cfg.offline_algo == "calql"
+        elif self.offline_agent is not None:
+            sac_cfg = agents.make_config(cfg.online_algo, cfg.online_agent)
+            self.agent = SAC.from_agent(self.offline_agent, sac_cfg, reinit_critic=cfg.reinit_critic,
+                                        reset_optimizers=cfg.reset_optimizers, seed=cfg.seed)
+        else:
+            self.agent = agents.make(cfg.online_algo, self.spec.obs_dim, self.spec.act_dim, cfg.online_agent,
+                                     cfg.device, cfg.seed)
+        self.phase, self.switched = "online", True
+        self.logger.log({"switch/offline_steps": self.offline_step, "total_step": self.offline_step,
+                         "switch/end_of_offline_score": (self.end_of_offline or {}).get("eval/score", float("nan"))},
+                        step=0, phase="online", kind="switch")
+
+    def _run_online(self) -> None:
+        cfg = self.cfg
+        env = sims.make(cfg.env, seed=cfg.seed + 7 + self.online_step)
+        sampler = self._sampler()
+        obs, _ = env.reset(seed=cfg.seed + 7 + self.online_step)
+        state = obs[STATE_KEY]
+        episode: list[tuple] = []
+        episode_return, window = 0.0, []
+        if self.online_step == 0:
+            self.evaluate(0, self.offline_step)
+        eval_steps = set(self._dip_eval_steps())
+        bar = tqdm(total=cfg.online_steps, initial=self.online_step, desc=f"online {cfg.online_algo}",
+                   disable=not self.progress, dynamic_ncols=True)
+        while self.online_step < cfg.online_steps:
+            step = self.online_step
+            if step < cfg.warmup_steps and self.pretrained_actor is not None:
+                action = self.pretrained_actor.act(state, deterministic=False)[0]
+            elif step < cfg.warmup_steps + cfg.random_steps:
+                action = self.rng.uniform(-1.0, 1.0, self.spec.act_dim).astype(np.float32)
+            else:
+                action = self.agent.act(state, deterministic=False)
+            next_obs, reward, terminated, truncated, _ = env.step(action)
+            next_state = next_obs[STATE_KEY]
+            episode_return += float(reward)
+            reward = float(cfg.transform_rewards(np.array([reward]))[0])
+            if self.keep_episode_mc:
+                episode.append((state, action, reward, next_state, terminated, truncated))
+            else:
+                self.online_buffer.add(state, action, reward, next_state, terminated, truncated)
+            state = next_state
+            if terminated or truncated:
+                if episode:
+                    self._add_episode(episode)
+                    episode = []
+                self.episodes_done += 1
+                self.logger.log({"online/episode_return": episode_return, "total_step": self.offline_step + step + 1},
+                                step=step + 1, phase="online", kind="train")
+                episode_return = 0.0
+                state = env.reset()[0][STATE_KEY]
+            self.online_step = step = step + 1
+            if step > cfg.warmup_steps + cfg.random_steps and len(self.online_buffer) > 0:
+                for _ in range(cfg.utd):
+                    window.append(self.agent.update(sampler.sample(cfg.online_batch_size)))
+            bar.update(1)
+            if step % cfg.log_every == 0 and window:
+                self.logger.log({**_mean(window), "total_step": self.offline_step + step}, step=step, phase="online",
+                                kind="train")
+                window = []
+            if step % cfg.eval_every_online == 0 or step == cfg.online_steps or step in eval_steps:
+                record = self.evaluate(step, self.offline_step + step)
+                bar.set_postfix(score=f"{record['eval/score']:.1f}")
+            self._maybe_checkpoint(self.offline_step + step)  # an open Cal-QL episode is not saved: resume restarts it
+        bar.close()
+
+    def learning_start(self) -> int:
+        return min(self.cfg.warmup_steps + self.cfg.random_steps, self.cfg.online_steps)
+
+    def _dip_eval_steps(self) -> list[int]:
+        """Evenly spaced evals in the first 10% of online steps, and again once gradient steps begin."""
+        cfg, window = self.cfg, DIP_WINDOW_FRACTION * self.cfg.online_steps
+        steps = []
+        for start in {0, self.learning_start()}:
+            steps += [int(round(start + window * (k + 1) / cfg.dip_evals)) for k in range(cfg.dip_evals)]
+        return [s for s in steps if 0 < s <= cfg.online_steps]
+
+    def _add_episode(self, episode: list[tuple]) -> None:
+        """Add a finished online episode with its Monte-Carlo returns (Cal-QL fine-tuning needs them)."""
+        states, actions, rewards, next_states, terminals, timeouts = (np.asarray(x) for x in zip(*episode))
+        ds = Dataset(states.astype(np.float32), actions.astype(np.float32), rewards.astype(np.float32),
+                     next_states.astype(np.float32), terminals.astype(bool), timeouts.astype(bool), {})
+        failure = None if self.cfg.sparse_failure_reward is None else float(
+            self.cfg.transform_rewards(np.array([self.cfg.sparse_failure_reward]))[0])
+        self.online_buffer.add_dataset(ds, mc_returns=ds.mc_returns(self.cfg.gamma, sparse_failure_reward=failure))
+
+    def _finish(self) -> dict:
+        cfg = self.cfg
+        online = [r for r in self.eval_history if r["phase"] == "online"]
+        final = online[-1] if online else self.eval_history[-1]
+        start = (self.end_of_offline or {}).get("eval/score")  # no dip without a pretrained policy
+        by_step = {r["step"]: r["eval/score"] for r in online}
+        dip = lambda begin: None if start is None else post_switch_dip(by_step, begin, cfg.online_steps, start)
+        summary = {
+            "env": cfg.env, "offline_algo": cfg.offline_algo, "online_algo": cfg.online_algo, "seed": cfg.seed,
+            "offline_steps": cfg.offline_steps, "online_steps": cfg.online_steps,
+            "offline_score": (self.end_of_offline or {}).get("eval/score"),
+            "online_score": final["eval/score"], "final_score": final["eval/score"],
+            "best_score": max(r["eval/score"] for r in online),
+            "dip": dip(0), "dip_after_learning_starts": dip(self.learning_start()),
+            "episodes": cfg.eval_episodes, "score_kind": "d4rl_normalized" if self.spec.ref_min_score is not None else "return",
+            "approximate_normalization": self.spec.approximate_normalization,
+        }
+        if self.spec.has_success:
+            summary["offline_success"] = (self.end_of_offline or {}).get("eval/success")
+            summary["online_success"] = final.get("eval/success")
+        for key in ("switch/calibration_gap", "switch/action_distance"):
+            values = [r[key] for r in online if key in r]
+            if values:
+                summary[key.split("/")[1] + "_final"] = values[-1]
+        if cfg.video_episodes > 0:
+            path = record_video(cfg.env, self._deterministic, self.run_dir / "videos" / "final.mp4",
+                                episodes=cfg.video_episodes, seed=cfg.seed + 123, size=cfg.video_size)
+            summary["video"] = str(path) if path else None
+        return summary
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def _maybe_checkpoint(self, total_step: int) -> bool:
+        if self.cfg.checkpoint_every <= 0 or total_step % self.cfg.checkpoint_every != 0:
+            return False
+        self.save_checkpoint(total_step)
+        return True
+
+    def save_checkpoint(self, total_step: int) -> Path:
+        root = self.run_dir / "checkpoints"
+        final, tmp = root / f"step_{total_step:09d}", root / f".tmp_step_{total_step:09d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        tensors = {f"agent.{k}": v for k, v in self.agent.state_dict().items()}
+        if self.offline_agent is not None and self.offline_agent is not self.agent:
+            tensors.update({f"offline_agent.{k}": v for k, v in self.offline_agent.state_dict().items()})
+        if self.pretrained_actor is not None:
+            tensors.update({f"pretrained_actor.{k}": v.contiguous() for k, v in self.pretrained_actor.state_dict().items()})
+        tensors["torch_rng"] = torch.get_rng_state()
+        save_file(tensors, str(tmp / "model.safetensors"))
+        np.savez(tmp / "replay_online.npz", **self.online_buffer.state_dict())
+        state = dict(phase=self.phase, offline_step=self.offline_step, online_step=self.online_step,
+                     episodes_done=self.episodes_done, end_of_offline=self.end_of_offline,
+                     eval_history=self.eval_history, rng=self.rng.bit_generator.state, total_step=total_step,
+                     config=asdict(self.cfg), saved_at=time.time())
+        (tmp / "state.json").write_text(json.dumps(state, default=float))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        for old in sorted(p for p in root.iterdir() if p.name.startswith("step_"))[: -self.cfg.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def load_checkpoint(self, path: Path) -> None:
+        try:
+            state = json.loads((path / "state.json").read_text())
+            tensors = load_file(str(path / "model.safetensors"))
+            with np.load(path / "replay_online.npz", allow_pickle=False) as replay:
+                replay_state = {k: replay[k] for k in replay.files}
+        except (OSError, ValueError, KeyError, SafetensorError) as err:
+            raise CheckpointError(f"checkpoint {path} is corrupt or incomplete ({type(err).__name__}: {err}); "
+                                  f"delete it to resume from an earlier one, or start without resume=true") from None
+        self.phase, self.offline_step, self.online_step = state["phase"], state["offline_step"], state["online_step"]
+        self.episodes_done, self.end_of_offline = state["episodes_done"], state["end_of_offline"]
+        self.eval_history, self.rng.bit_generator.state = state["eval_history"], state["rng"]
+        if self.phase == "online":
+            self._switch_structure()
+        split = lambda prefix: {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+        if self.offline_agent is not None and self.offline_agent is not self.agent and split("offline_agent."):
+            self.offline_agent.load_state_dict(split("offline_agent."))
+        self.agent.load_state_dict(split("agent."))
+        if self.pretrained_actor is not None and split("pretrained_actor."):
+            self.pretrained_actor.load_state_dict(split("pretrained_actor."))
+        self.online_buffer.load_state_dict(replay_state)
+        torch.set_rng_state(tensors["torch_rng"])
+
+    def _switch_structure(self) -> None:
+        """Rebuild the online agent's structure (as the switch did) before loading its weights."""
+        history, end = self.eval_history, self.end_of_offline
+        self._switch_silently()
+        self.eval_history, self.end_of_offline = history, end
+
+    def _switch_silently(self) -> None:
+        logger, self.logger = self.logger, _NullLogger()
+        try:
+            self._switch()
+        finally:
+            self.logger = logger
+
+    def resume_latest(self) -> bool:
+        root = self.run_dir / "checkpoints"
+        found = sorted(p for p in root.glob("step_*") if p.is_dir()) if root.is_dir() else []
+        if not found:
+            return False
+        self.load_checkpoint(found[-1])
+        total = self.offline_step + self.online_step
+        self.logger.truncate_after(total)
+        print(f"resumed from {found[-1]} (phase {self.phase}, offline step {self.offline_step}, "
+              f"online step {self.online_step})", flush=True)
+        return True
+
+
+class _NullLogger:
+    def log(self, *args, **kwargs) -> None:
+        pass
+
+
+def _mean(window: list[dict]) -> dict:
+    keys = window[0].keys() if window else []
+    return {f"train/{k}": float(np.mean([m[k] for m in window])) for k in keys}

@@ -1,0 +1,197 @@
+"""Soft Actor-Critic with the RLPD options: a critic ensemble with a min over a random subset,
+LayerNorm critics and bf16 autocast. The update-to-data ratio belongs to the runner, which calls
+`update` that many times per environment step.
+
+This is also the online half of WSRL, Cal-QL and naive fine-tuning: `SAC.from_agent` takes the
+networks (and, unless reset, the optimizer state) of a pretrained CQL/Cal-QL/BC agent — the loss swap.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from embodied.agents.nets import CriticEnsemble, adam, load_optimizer_tensors, optimizer_tensors, soft_update, to_torch
+from policies.gaussian import TanhGaussianPolicy
+
+
+@dataclass
+class SACConfig:
+    hidden: tuple[int, ...] = (256, 256)
+    num_critics: int = 2
+    num_min: int = 2                   # target = min over this many randomly chosen critics (RLPD: 2 of 10)
+    critic_layernorm: bool = False
+    actor_lr: float = 3e-4
+    critic_lr: float = 3e-4
+    alpha_lr: float = 3e-4
+    gamma: float = 0.99
+    tau: float = 0.005
+    init_temperature: float = 1.0
+    target_entropy: float | None = None  # None: -act_dim
+    backup_entropy: bool = True
+    bf16: bool = False                 # autocast matmuls to bfloat16 (pays on AVX512-BF16 CPUs and GPUs)
+
+
+class SAC:
+    def __init__(self, obs_dim: int, act_dim: int, cfg: SACConfig = SACConfig(), device: str = "cpu", seed: int = 0):
+        self.cfg, self.device = cfg, torch.device(device)
+        self.obs_dim, self.act_dim = obs_dim, act_dim
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.actor = TanhGaussianPolicy(obs_dim, act_dim, cfg.hidden).to(self.device)
+        self.log_alpha = torch.tensor(float(np.log(cfg.init_temperature)), device=self.device, requires_grad=True)
+        self.target_entropy = -float(act_dim) if cfg.target_entropy is None else cfg.target_entropy
+        self._build_critic()
+        self.actor_optimizer = adam(self.actor.parameters(), cfg.actor_lr)
+        self.alpha_optimizer = adam([self.log_alpha], cfg.alpha_lr)
+
+    def _build_critic(self) -> None:
+        cfg = self.cfg
+        self.critic = CriticEnsemble(self.obs_dim, self.act_dim, cfg.hidden, cfg.num_critics, cfg.critic_layernorm)
+        self.critic.to(self.device)
+        self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
+        self.critic_optimizer = adam(self.critic.parameters(), cfg.critic_lr)
+
+    @classmethod
+    def from_agent(cls, other, cfg: SACConfig, reinit_critic: bool = False, reset_optimizers: bool = False,
+                   seed: int = 0) -> "SAC":
+        """Continue a pretrained agent's networks with the SAC loss (the switch in offline→online RL)."""
+        agent = cls.__new__(cls)
+        agent.cfg, agent.device = cfg, other.device
+        agent.obs_dim, agent.act_dim = other.obs_dim, other.act_dim
+        agent.generator = torch.Generator(device="cpu").manual_seed(seed)
+        agent.actor = other.actor
+        agent.target_entropy = -float(agent.act_dim) if cfg.target_entropy is None else cfg.target_entropy
+        agent.log_alpha = getattr(other, "log_alpha", None)
+        if agent.log_alpha is None:  # BC/IQL have no temperature
+            agent.log_alpha = torch.tensor(float(np.log(cfg.init_temperature)), device=agent.device, requires_grad=True)
+        has_critic = getattr(other, "critic", None) is not None
+        if reinit_critic or not has_critic:
+            agent._build_critic()
+        else:
+            agent.critic, agent.target_critic = other.critic, other.target_critic
+            agent.critic_optimizer = other.critic_optimizer if not reset_optimizers else adam(agent.critic.parameters(), cfg.critic_lr)
+        keep = not reset_optimizers
+        agent.actor_optimizer = other.actor_optimizer if keep and hasattr(other, "actor_optimizer") else adam(agent.actor.parameters(), cfg.actor_lr)
+        agent.alpha_optimizer = other.alpha_optimizer if keep and hasattr(other, "alpha_optimizer") else adam([agent.log_alpha], cfg.alpha_lr)
+        if keep:  # the online phase may use other learning rates than pretraining
+            for optimizer, lr in ((agent.actor_optimizer, cfg.actor_lr), (agent.critic_optimizer, cfg.critic_lr),
+                                  (agent.alpha_optimizer, cfg.alpha_lr)):
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+        return agent
+
+    def autocast(self):
+        if not self.cfg.bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
+    def critic_subset_min(self, q_values: torch.Tensor) -> torch.Tensor:
+        """Min over `num_min` randomly chosen ensemble members: [N, B] -> [B]."""
+        n = q_values.shape[0]
+        if self.cfg.num_min >= n:
+            return q_values.min(0).values
+        subset = torch.randperm(n, generator=self.generator)[: self.cfg.num_min].to(q_values.device)
+        return q_values.index_select(0, subset).min(0).values
+
+    def td_target(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        with torch.no_grad(), self.autocast():
+            next_action, next_log_prob = self.actor.sample_with_log_prob(batch["next_observations"])
+            next_q = self.critic_subset_min(self.target_critic(batch["next_observations"], next_action).float())
+            if self.cfg.backup_entropy:
+                next_q = next_q - self.log_alpha.exp() * next_log_prob.float()
+            return batch["rewards"] + self.cfg.gamma * (1.0 - batch["terminals"]) * next_q
+
+    def update_critic(self, batch: dict[str, torch.Tensor], extra_loss=None) -> dict[str, torch.Tensor]:
+        target_q = self.td_target(batch)
+        with self.autocast():
+            q = self.critic(batch["observations"], batch["actions"]).float()
+        td_loss = ((q - target_q) ** 2).mean(1).sum()  # sum over critics: each member's gradient is independent of N
+        loss, metrics = td_loss, {}
+        if extra_loss is not None:  # CQL/Cal-QL add their conservative penalty here
+            penalty, metrics = extra_loss(batch, q)
+            loss = loss + penalty
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.critic_optimizer.step()
+        soft_update(self.target_critic, self.critic, self.cfg.tau)
+        return {"critic_loss": td_loss.detach(), "q_mean": q.detach().mean(), "target_q_mean": target_q.mean(), **metrics}
+
+    def update_actor_and_alpha(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        obs = batch["observations"]
+        self.critic.requires_grad_(False)  # the actor loss needs dQ/da, not critic weight gradients
+        with self.autocast():
+            action, log_prob = self.actor.sample_with_log_prob(obs)
+            q = self.critic(obs, action).float().mean(0)
+        log_prob = log_prob.float()
+        alpha = self.log_alpha.exp().detach()
+        actor_loss = (alpha * log_prob - q).mean()
+        self.actor_optimizer.zero_grad(set_to_none=True)
+        actor_loss.backward()
+        self.actor_optimizer.step()
+        self.critic.requires_grad_(True)
+
+        alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
+        self.alpha_optimizer.zero_grad(set_to_none=True)
+        alpha_loss.backward()
+        self.alpha_optimizer.step()
+        return {"actor_loss": actor_loss.detach(), "alpha": alpha, "entropy": -log_prob.detach().mean()}
+
+    def update(self, batch) -> dict[str, float]:
+        batch = to_torch(batch, self.device)
+        metrics = self.update_critic(batch)
+        metrics.update(self.update_actor_and_alpha(batch))
+        return {k: float(v) for k, v in metrics.items()}
+
+    @torch.no_grad()
+    def q_values(self, obs, action) -> np.ndarray:
+        """Mean ensemble Q, for the calibration diagnostics."""
+        obs = torch.as_tensor(np.asarray(obs, np.float32), device=self.device)
+        action = torch.as_tensor(np.asarray(action, np.float32), device=self.device)
+        return self.critic(obs, action).mean(0).cpu().numpy()
+
+    def act(self, obs, deterministic: bool = False) -> np.ndarray:
+        """[A] for one observation, [B, A] for a batch."""
+        return self.actor.act(obs, deterministic)[..., 0, :]
+
+    # -- checkpoints: one flat tensor dict, safetensors-ready ------------------------------------
+    def _modules(self) -> dict:
+        return {"actor": self.actor, "critic": self.critic, "target_critic": self.target_critic}
+
+    def _optimizers(self) -> dict:
+        return {"actor_optimizer": self.actor_optimizer, "critic_optimizer": self.critic_optimizer,
+                "alpha_optimizer": self.alpha_optimizer}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return checkpoint_tensors(self)
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        restore_tensors(self, tensors)
+
+
+def checkpoint_tensors(agent) -> dict[str, torch.Tensor]:
+    """Networks, scalar parameters and optimizer moments of any agent exposing _modules/_optimizers."""
+    tensors: dict[str, torch.Tensor] = {}
+    for name, module in agent._modules().items():
+        for key, value in module.state_dict().items():
+            tensors[f"{name}.{key}"] = value.detach().cpu().contiguous()
+    for name in ("log_alpha", "log_cql_alpha"):
+        if getattr(agent, name, None) is not None:
+            tensors[name] = getattr(agent, name).detach().cpu().reshape(())
+    for name, optimizer in agent._optimizers().items():
+        tensors.update(optimizer_tensors(optimizer, name))
+    return tensors
+
+
+def restore_tensors(agent, tensors: dict[str, torch.Tensor]) -> None:
+    for name, module in agent._modules().items():
+        prefix = name + "."
+        module.load_state_dict({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
+    for name in ("log_alpha", "log_cql_alpha"):
+        if name in tensors and getattr(agent, name, None) is not None:
+            with torch.no_grad():
+                getattr(agent, name).copy_(tensors[name])
+    for name, optimizer in agent._optimizers().items():
+        load_optimizer_tensors(optimizer, tensors, name)

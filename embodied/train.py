@@ -1,0 +1,142 @@
+"""The main job: `python -m embodied.train [overrides]` (Hydra).
+
+    python -m embodied.train                                   # default: Cal-QL -> WSRL on PointMaze
+    python -m embodied.train env=hopper dataset=medium-replay algo=rlpd seed=1
+    python -m embodied.train -m env=hopper,pointmaze-umaze algo=wsrl,naive,scratch seed=0,1,2
+    python -m embodied.train resume=true hydra.run.dir=runs/<a killed run>
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from embodied.errors import ConfigError, UserError, exit_on_user_error
+
+CONF_DIR = Path(__file__).parent / "conf"
+GROUPS = ("env", "dataset", "algo", "policy", "logger", "experiment")
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def check_group_overrides(argv: list[str]) -> None:
+    """Catch `algo=typo` before Hydra does, with a one-line error that lists the valid choices."""
+    for arg in argv:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        if not sep or key not in GROUPS or value in ("null", ""):
+            continue
+        valid = group_options(key)
+        for choice in value.split(","):
+            if choice not in valid:
+                raise ConfigError(f"{key}={choice} is not a valid choice; valid {key} options: {', '.join(valid)}")
+
+
+def load_dataset(cfg: DictConfig):
+    from embodied.data import catalog
+    from embodied.data.d4rl import load_hdf5
+    from embodied.data.minari_io import load_minari
+
+    if cfg.dataset.path:
+        return load_hdf5(cfg.dataset.path)
+    if cfg.dataset.minari_id:
+        return load_minari(cfg.dataset.minari_id)
+    return catalog.load_dataset(cfg.env.name, cfg.dataset.quality, cfg.dataset.size, seed=cfg.dataset.seed,
+                                progress=cfg.progress)
+
+
+def runner_config(cfg: DictConfig):
+    from embodied.agents.runner import RunnerConfig
+
+    algo = cfg.algo
+    hidden = list(cfg.policy.hidden)
+    agent_extra = {"hidden": hidden, "gamma": cfg.env.gamma, "bf16": cfg.bf16}
+    offline_agent = {**OmegaConf.to_container(algo.offline_agent, resolve=True), **agent_extra}
+    online_agent = {**OmegaConf.to_container(algo.online_agent, resolve=True), **agent_extra}
+    return RunnerConfig(
+        env=cfg.env.name, offline_algo=algo.offline_algo, online_algo=algo.online_algo,
+        offline_agent=offline_agent, online_agent=online_agent,
+        offline_steps=cfg.budget.offline_steps if algo.offline_algo else 0, online_steps=cfg.budget.online_steps,
+        offline_batch_size=cfg.budget.batch_size, online_batch_size=cfg.budget.batch_size, utd=algo.utd,
+        offline_ratio=algo.offline_ratio, warmup_steps=algo.warmup_steps, random_steps=algo.random_steps,
+        reinit_critic=algo.reinit_critic, reset_optimizers=algo.reset_optimizers, gamma=cfg.env.gamma,
+        reward_scale=cfg.env.reward_scale, reward_bias=cfg.env.reward_bias,
+        sparse_failure_reward=cfg.env.sparse_failure_reward, eval_every_offline=cfg.eval.every_offline,
+        eval_every_online=cfg.eval.every_online, eval_episodes=cfg.eval.episodes,
+        video_episodes=cfg.eval.video_episodes, video_size=cfg.eval.video_size,
+        checkpoint_every=cfg.checkpoint.every, keep_checkpoints=cfg.checkpoint.keep,
+        replay_capacity=max(cfg.budget.online_steps, 1), seed=cfg.seed, device=cfg.device,
+    )
+
+
+def run(cfg: DictConfig, run_dir: Path) -> dict:
+    """Run one experiment into `run_dir`; returns the summary dict (also written to summary.json)."""
+    from embodied.agents.runner import Runner
+    from embodied.logging import RunLogger
+    from embodied.plots import learning_curve
+
+    torch.set_num_threads(cfg.threads)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device={cfg.device} but no CUDA device is visible; use device=cpu")
+    rcfg = runner_config(cfg)
+    rcfg.validate()
+    needs_data = bool(cfg.algo.offline_algo) or cfg.algo.offline_ratio > 0
+    dataset = load_dataset(cfg) if needs_data else None
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    with RunLogger(run_dir, resolved, wandb_mode=cfg.logger.mode, project=cfg.logger.project,
+                   group=cfg.logger.group, name=f"{cfg.env.name}-{cfg.algo.name}-s{cfg.seed}",
+                   enabled_wandb=cfg.logger.wandb) as logger:
+        runner = Runner(rcfg, dataset, run_dir, logger, progress=cfg.progress)
+        if cfg.resume and not runner.resume_latest():
+            print(f"resume=true but {run_dir}/checkpoints has no checkpoint: starting fresh", flush=True)
+        summary = runner.run()
+        summary.update(algo=cfg.algo.name, preset=cfg.algo.name, run_dir=str(run_dir))
+        logger.summary(summary)
+    from embodied.logging import read_metrics
+
+    learning_curve(read_metrics(run_dir), run_dir / "learning_curve.png",
+                   switch_step=rcfg.offline_steps if rcfg.offline_algo else None,
+                   title=f"{cfg.algo.name} on {cfg.env.name} (seed {cfg.seed})")
+    print_result(summary)
+    return summary
+
+
+def print_result(summary: dict) -> None:
+    fmt = lambda x: "  -  " if x is None else f"{x:7.1f}"
+    kind = "normalised score" + (" (approx., v5 physics)" if summary.get("approximate_normalization") else "")
+    if summary.get("score_kind") != "d4rl_normalized":
+        kind = "return"
+    print(f"\n{summary['algo']} on {summary['env']} (seed {summary['seed']}), {kind}, {summary['episodes']} episodes per eval")
+    print("| end of offline | end of online | best | post-switch dip |")
+    print("|---|---|---|---|")
+    print(f"| {fmt(summary['offline_score'])} | {fmt(summary['online_score'])} | {fmt(summary['best_score'])} "
+          f"| {fmt(summary['dip'])} |")
+    print(f"run directory: {summary['run_dir']}", flush=True)
+
+
+@hydra.main(config_path="conf", config_name="train", version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        run(cfg, Path(HydraConfig.get().runtime.output_dir))
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
+@exit_on_user_error
+def main() -> None:
+    check_group_overrides(sys.argv[1:])
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""MuJoCo locomotion (gymnasium v5) with D4RL reference scores.
+
+D4RL normalised against the v2 envs; v5 physics differ, so every score here is approximate.
+"""
+from __future__ import annotations
+
+import gymnasium
+
+from sims.registry import TaskSpec, register_task
+
+# name: (gym id, obs dim, act dim, D4RL random score, D4RL expert score)
+_LOCOMOTION = {
+    "hopper": ("Hopper-v5", 11, 3, -20.272305, 3234.3),
+    "halfcheetah": ("HalfCheetah-v5", 17, 6, -280.178953, 12135.0),
+    "walker2d": ("Walker2d-v5", 17, 6, 1.629008, 4592.3),
+    "ant": ("Ant-v5", 105, 8, -325.6, 3879.7),
+}
+
+
+def build_locomotion(spec: TaskSpec, *, render_mode, render_size, **kwargs) -> gymnasium.Env:
+    kwargs.setdefault("max_episode_steps", spec.max_episode_steps)
+    return gymnasium.make(
+        spec.gym_id, render_mode=render_mode, width=render_size, height=render_size, **kwargs
+    )
+
+
+for _name, (_gym_id, _obs_dim, _act_dim, _ref_min, _ref_max) in _LOCOMOTION.items():
+    register_task(
+        TaskSpec(
+            name=_name,
+            gym_id=_gym_id,
+            obs_dim=_obs_dim,
+            act_dim=_act_dim,
+            max_episode_steps=1000,
+            ref_min_score=_ref_min,
+            ref_max_score=_ref_max,
+            approximate_normalization=True,
+            has_success=False,
+            sparse=False,
+        )
+    )(build_locomotion)
