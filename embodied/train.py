@@ -7,6 +7,8 @@
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 import sys
 from pathlib import Path
 
@@ -51,13 +53,21 @@ def load_dataset(cfg: DictConfig):
 
 
 def runner_config(cfg: DictConfig):
+    from embodied import agents
     from embodied.agents.runner import RunnerConfig
 
     algo = cfg.algo
-    hidden = list(cfg.policy.hidden)
-    agent_extra = {"hidden": hidden, "gamma": cfg.env.gamma, "bf16": cfg.bf16}
-    offline_agent = {**OmegaConf.to_container(algo.offline_agent, resolve=True), **agent_extra}
-    online_agent = {**OmegaConf.to_container(algo.online_agent, resolve=True), **agent_extra}
+    shared = {"hidden": list(cfg.policy.hidden), "gamma": cfg.env.gamma, "bf16": cfg.bf16}
+
+    def agent_options(name: str | None, overrides) -> dict:
+        """The preset's options plus the shared ones this agent's config has (BC has no gamma)."""
+        if name in (None, "same"):
+            return {}
+        fields = {f.name for f in dataclasses.fields(agents.config_class(name))}
+        return {**OmegaConf.to_container(overrides, resolve=True), **{k: v for k, v in shared.items() if k in fields}}
+
+    offline_agent = agent_options(algo.offline_algo, algo.offline_agent)
+    online_agent = agent_options(algo.online_algo, algo.online_agent)
     return RunnerConfig(
         env=cfg.env.name, offline_algo=algo.offline_algo, online_algo=algo.online_algo,
         offline_agent=offline_agent, online_agent=online_agent,

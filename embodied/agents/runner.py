@@ -212,7 +212,7 @@ class Runner:
                                      cfg.device, cfg.seed)
         self.phase, self.switched = "online", True
         self.logger.log({"switch/offline_steps": self.offline_step, "total_step": self.offline_step,
-                         "switch/end_of_offline_score": (self.end_of_offline or {}).get("eval/score", float("nan"))},
+                         "switch/end_of_offline_score": (self.end_of_offline or {}).get("eval/score")},
                         step=0, phase="online", kind="switch")
 
     def _run_online(self) -> None:
@@ -275,6 +275,8 @@ class Runner:
     def _dip_eval_steps(self) -> list[int]:
         """Evenly spaced evals in the first 10% of online steps, and again once gradient steps begin."""
         cfg, window = self.cfg, DIP_WINDOW_FRACTION * self.cfg.online_steps
+        if self.offline_agent is None:
+            return []  # nothing pretrained, so no dip to measure
         steps = []
         for start in {0, self.learning_start()}:
             steps += [int(round(start + window * (k + 1) / cfg.dip_evals)) for k in range(cfg.dip_evals)]
@@ -331,9 +333,8 @@ class Runner:
         final, tmp = root / f"step_{total_step:09d}", root / f".tmp_step_{total_step:09d}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
+        # after the switch the online agent owns the pretrained networks: they are saved once, under it
         tensors = {f"agent.{k}": v for k, v in self.agent.state_dict().items()}
-        if self.offline_agent is not None and self.offline_agent is not self.agent:
-            tensors.update({f"offline_agent.{k}": v for k, v in self.offline_agent.state_dict().items()})
         if self.pretrained_actor is not None:
             tensors.update({f"pretrained_actor.{k}": v.contiguous() for k, v in self.pretrained_actor.state_dict().items()})
         tensors["torch_rng"] = torch.get_rng_state()
@@ -365,12 +366,11 @@ class Runner:
         if self.phase == "online":
             self._switch_structure()
         split = lambda prefix: {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-        if self.offline_agent is not None and self.offline_agent is not self.agent and split("offline_agent."):
-            self.offline_agent.load_state_dict(split("offline_agent."))
         self.agent.load_state_dict(split("agent."))
         if self.pretrained_actor is not None and split("pretrained_actor."):
             self.pretrained_actor.load_state_dict(split("pretrained_actor."))
         self.online_buffer.load_state_dict(replay_state)
+        self.online_buffer.cut_open_episode()  # the env restarts a fresh episode after a resume
         torch.set_rng_state(tensors["torch_rng"])
 
     def _switch_structure(self) -> None:

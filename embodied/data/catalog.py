@@ -115,7 +115,7 @@ def generate(env: str, quality: str, size: int, seed: int = 0, *, progress: bool
         "size": size,
         "seed": seed,
         "recipe": [asdict(p) for p in recipe],
-        "policy": f"sims.expert({env!r}) levels " + ",".join(p.level or "random" for p in recipe),
+        "policy": ", ".join(f"{p.level or 'uniform-random'} (noise {p.noise_std})" for p in recipe),
         "episodes": episodes,
         "generator_version": GENERATOR_VERSION,
     }

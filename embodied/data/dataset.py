@@ -39,7 +39,9 @@ class Episode:
             return episode
         missing = [k for k in ("observations", "actions", "rewards") if k not in episode]
         if missing:
-            raise DatasetError(f"episode dict is missing {missing}: give observations [T+1,obs], actions [T,A], rewards [T]")
+            raise DatasetError(
+                f"episode dict is missing {missing}: give observations [T+1,obs], actions [T,A], rewards [T]"
+            )
         return cls(
             observations=np.asarray(episode["observations"]),
             actions=np.asarray(episode["actions"]),
@@ -119,10 +121,14 @@ class Dataset:
             if not isinstance(value, np.ndarray):
                 raise DatasetError(f"'{key}' is a {type(value).__name__}, not a numpy array: wrap it with np.asarray")
             if value.ndim != NDIM[key]:
-                raise DatasetError(f"'{key}' has shape {value.shape} ({value.ndim}-d) but must be {NDIM[key]}-d: reshape it")
-            want = np.float32 if key in FLOAT_KEYS else np.bool_
+                raise DatasetError(
+                    f"'{key}' has shape {value.shape} ({value.ndim}-d) but must be {NDIM[key]}-d: reshape it"
+                )
+            want = np.dtype(np.float32 if key in FLOAT_KEYS else bool)
             if value.dtype != want:
-                raise DatasetError(f"'{key}' has dtype {value.dtype} but must be {np.dtype(want)}: convert it with .astype(np.{np.dtype(want)})")
+                raise DatasetError(
+                    f"'{key}' has dtype {value.dtype} but must be {want}: convert it with .astype(np.{want})"
+                )
         n = len(self.observations)
         if n == 0:
             raise DatasetError("dataset is empty ('observations' has 0 rows): generate or load some data")
@@ -190,7 +196,8 @@ class Dataset:
             )
         return out
 
-    def mc_returns(self, gamma: float, rewards: np.ndarray | None = None, sparse_failure_reward: float | None = None) -> np.ndarray:
+    def mc_returns(self, gamma: float, rewards: np.ndarray | None = None,
+                   sparse_failure_reward: float | None = None) -> np.ndarray:
         """Discounted return-to-go of every transition, within its episode (float32 [N]).
 
         Terminal and cut episodes both sum to their last recorded step (a cut episode's return is
@@ -200,7 +207,9 @@ class Dataset:
         """
         rewards = self.rewards if rewards is None else np.asarray(rewards)
         if len(rewards) != len(self):
-            raise DatasetError(f"mc_returns got {len(rewards)} rewards for {len(self)} transitions: pass one per transition")
+            raise DatasetError(
+                f"mc_returns got {len(rewards)} rewards for {len(self)} transitions: pass one per transition"
+            )
         out = np.empty(len(self), dtype=np.float64)
         r = rewards.astype(np.float64).tolist()
         for start, stop in zip(*self.episode_bounds()):
@@ -219,7 +228,8 @@ class Dataset:
     def select_episodes(self, indices) -> Dataset:
         """A new dataset holding the given episodes, in the given order."""
         starts, stops = self.episode_bounds()
-        rows = np.concatenate([np.arange(starts[i], stops[i]) for i in indices]) if len(indices) else np.zeros(0, np.int64)
+        rows = [np.arange(starts[i], stops[i]) for i in indices]
+        rows = np.concatenate(rows) if rows else np.zeros(0, np.int64)
         return Dataset(**{k: v[rows] for k, v in self.arrays().items()}, metadata=dict(self.metadata))
 
     def split(self, fraction: float, seed: int = 0) -> tuple[Dataset, Dataset]:

@@ -19,8 +19,8 @@ def state_of(obs) -> np.ndarray:
     return np.asarray(obs, dtype=np.float32).reshape(-1)
 
 
-def collect(env, policy: Callable[[np.ndarray], np.ndarray] | None, num_steps: int, *, noise_std: float = 0.0,
-            seed: int = 0, progress: bool = True, desc: str | None = None) -> Dataset:
+def collect(env, policy: Callable[[np.ndarray], np.ndarray] | None, num_steps: int, noise_std: float = 0.0,
+            seed: int = 0, *, progress: bool = True, desc: str | None = None) -> Dataset:
     """Run `policy` (None: uniform random actions) for exactly `num_steps` env steps.
 
     A policy with a `reset()` method (e.g. a waypoint controller) is reset at every episode start.

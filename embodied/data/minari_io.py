@@ -106,13 +106,16 @@ def load_minari(dataset_id_or_path, *, root=None) -> Dataset:
             with _minari_root(root):
                 minari_ds = minari.load_dataset(str(dataset_id_or_path), download=False)
     except (FileNotFoundError, ValueError) as err:
-        raise DatasetError(f"cannot load Minari dataset '{dataset_id_or_path}' ({err}): check the id and root") from None
+        raise DatasetError(
+            f"cannot load Minari dataset '{dataset_id_or_path}' ({err}): check the id and root"
+        ) from None
     parts = {k: [] for k in ("observations", "actions", "rewards", "next_observations", "terminals", "timeouts")}
     for episode in minari_ds.iterate_episodes():
         obs = np.asarray(episode.observations)
         if not isinstance(episode.observations, np.ndarray) or obs.ndim != 2:
             raise DatasetError(
-                f"Minari dataset '{dataset_id_or_path}' has non-vector observations: only flat Box observations are supported"
+                f"Minari dataset '{dataset_id_or_path}' has non-vector observations: "
+                "only flat Box observations are supported"
             )
         parts["observations"].append(obs[:-1])
         parts["next_observations"].append(obs[1:])

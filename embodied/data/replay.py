@@ -14,6 +14,7 @@ from embodied.data.dataset import Dataset
 from embodied.errors import CheckpointError, ConfigError
 
 TRANSITION_KEYS = ("observations", "actions", "rewards", "next_observations", "terminals", "timeouts")
+STORED_KEYS = TRANSITION_KEYS + ("mc_returns", "episode_ids")
 
 
 class ReplayBuffer:
@@ -60,6 +61,14 @@ class ReplayBuffer:
         else:
             self.episode_open = True
 
+    def cut_open_episode(self) -> None:
+        """Mark the newest step as a timeout: its episode was cut short (e.g. a run resumed from a
+        checkpoint starts a fresh episode), so nothing may chain past it."""
+        if self.episode_open and self.size:
+            self.timeouts[(self.ptr - 1) % self.capacity] = True
+            self.next_episode += 1
+            self.episode_open = False
+
     def add_dataset(self, ds: Dataset, mc_returns: np.ndarray | None = None) -> None:
         """Append a whole dataset in one vectorised write (same result as adding row by row; a
         dataset longer than the capacity keeps its newest rows). Its episodes never join an open
@@ -84,7 +93,9 @@ class ReplayBuffer:
             "mc_returns": np.full(n, np.nan, np.float32) if mc_returns is None else np.asarray(mc_returns, np.float32),
         }
         if len(columns["mc_returns"]) != n:
-            raise ConfigError(f"add_dataset got {len(columns['mc_returns'])} mc_returns for {n} transitions: pass one per transition")
+            raise ConfigError(
+                f"add_dataset got {len(columns['mc_returns'])} mc_returns for {n} transitions: pass one per transition"
+            )
         keep = min(n, self.capacity)
         slots = (self.ptr + (n - keep) + np.arange(keep)) % self.capacity
         for key, values in columns.items():
@@ -123,7 +134,8 @@ class ReplayBuffer:
         valid[:, 0] is 1; valid[:, i] is 0 once an earlier step ended its episode or has no written
         successor. Padded steps (valid 0) have reward 0 and repeat the last valid step's action,
         next observation and flags, so `[:, -1]` always describes where the chunk really ended:
-            target = sum_i gamma^i r_i + gamma^{sum(valid)} (1 - terminals[:, -1]) Q(next_observations[:, -1])
+            target = sum_i gamma^i r_i
+                     + gamma^{sum(valid)} (1 - terminals[:, -1]) Q(next_observations[:, -1])
         n-step sampling is sample_chunks(B, n).
         """
         return self.chunks_at(self._start_indices(batch_size), horizon)
@@ -137,7 +149,8 @@ class ReplayBuffer:
         offsets = np.arange(horizon)
         idx = (start[:, None] + offsets) % self.capacity  # [B, H]
         steps_continue = self.continues(idx[:, :-1])  # [B, H-1]
-        valid = np.concatenate([np.ones((batch_size, 1), bool), np.cumprod(steps_continue, axis=1, dtype=bool)], axis=1)
+        first = np.ones((batch_size, 1), bool)
+        valid = np.concatenate([first, np.cumprod(steps_continue, axis=1, dtype=bool)], axis=1)
         last_valid = valid.sum(axis=1, keepdims=True) - 1
         src = np.take_along_axis(idx, np.minimum(offsets[None], last_valid), axis=1)  # pad = last valid step
         batch = {
@@ -156,7 +169,7 @@ class ReplayBuffer:
     # ----------------------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict[str, np.ndarray]:
         """Plain arrays only (np.savez with allow_pickle=False); just the written slots."""
-        state = {key: getattr(self, key)[: self.size].copy() for key in TRANSITION_KEYS + ("mc_returns", "episode_ids")}
+        state = {key: getattr(self, key)[: self.size].copy() for key in STORED_KEYS}
         for key in ("obs_dim", "act_dim", "capacity", "ptr", "size", "next_episode"):
             state[key] = np.asarray(getattr(self, key), np.int64)
         state["episode_open"] = np.asarray(self.episode_open)
@@ -172,7 +185,7 @@ class ReplayBuffer:
                 f"{(self.obs_dim, self.act_dim, self.capacity)}: resume with the same env and replay size"
             )
         size = int(state["size"])
-        for key in TRANSITION_KEYS + ("mc_returns", "episode_ids"):
+        for key in STORED_KEYS:
             getattr(self, key)[:size] = state[key]
         self.ptr, self.size, self.next_episode = int(state["ptr"]), size, int(state["next_episode"])
         self.episode_open = bool(state["episode_open"])
@@ -184,11 +197,14 @@ class MixedReplay:
     """Batches with round(B * offline_ratio) rows from `offline` and the rest from `online`,
     concatenated offline first (RLPD / Cal-QL style symmetric sampling). New steps go online."""
 
-    def __init__(self, offline: ReplayBuffer | None, online: ReplayBuffer, offline_ratio: float, seed: int | None = None):
+    def __init__(self, offline: ReplayBuffer | None, online: ReplayBuffer, offline_ratio: float,
+                 seed: int | None = None):
         if not 0.0 <= offline_ratio <= 1.0:
             raise ConfigError(f"offline_ratio={offline_ratio} must be within [0, 1]")
         if offline is None and offline_ratio > 0:
-            raise ConfigError(f"offline_ratio={offline_ratio} needs offline data: load a dataset or set offline_ratio=0")
+            raise ConfigError(
+                f"offline_ratio={offline_ratio} needs offline data: load a dataset or set offline_ratio=0"
+            )
         self.offline, self.online, self.offline_ratio = offline, online, float(offline_ratio)
         if seed is not None:  # reproducible mixed batches: independent streams for both buffers
             streams = np.random.SeedSequence(seed).spawn(2)
@@ -206,7 +222,9 @@ class MixedReplay:
         n_offline = int(np.floor(batch_size * self.offline_ratio + 0.5))
         n_online = batch_size - n_offline
         if n_offline and (self.offline is None or len(self.offline) == 0):
-            raise ValueError(f"offline_ratio={self.offline_ratio} needs offline samples but the offline buffer is empty")
+            raise ValueError(
+                f"offline_ratio={self.offline_ratio} needs offline samples but the offline buffer is empty"
+            )
         if n_online and len(self.online) == 0:
             raise ValueError(
                 f"offline_ratio={self.offline_ratio} needs online samples but the online buffer is empty: "
@@ -243,7 +261,9 @@ class MixedReplay:
         self.online.load_state_dict({k[len("online/"):]: v for k, v in state.items() if k.startswith("online/")})
         offline = {k[len("offline/"):]: v for k, v in state.items() if k.startswith("offline/")}
         if offline and self.offline is None:
-            raise CheckpointError("checkpoint holds offline replay data but this MixedReplay has no offline buffer: pass one")
+            raise CheckpointError(
+                "checkpoint holds offline replay data but this MixedReplay has no offline buffer: pass one"
+            )
         if self.offline is not None and offline:
             self.offline.load_state_dict(offline)
         self.offline_ratio = float(state["offline_ratio"])
@@ -257,10 +277,13 @@ def _concat_batches(parts: list[dict]) -> dict[str, np.ndarray]:
     out = {}
     for key in keys:
         template = next(p[key] for p in parts if key in p)
-        out[key] = np.concatenate(
-            [p[key] if key in p else np.full((len(p["rewards"]),) + template.shape[1:], np.nan, template.dtype) for p in parts]
-        )
+        out[key] = np.concatenate([part[key] if key in part else _nan_rows(template, len(part["rewards"]))
+                                   for part in parts])
     return out
+
+
+def _nan_rows(template: np.ndarray, rows: int) -> np.ndarray:
+    return np.full((rows, *template.shape[1:]), np.nan, template.dtype)
 
 
 _MASK64 = (1 << 64) - 1

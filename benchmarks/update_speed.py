@@ -1,0 +1,238 @@
+"""Gradient updates per second: our SAC / CQL / Cal-QL against Stable-Baselines3 and d3rlpy.
+
+Same process, same thread count, batch 256, 256x256 MLPs, Hopper sizes (obs 11, act 3). The
+contenders run interleaved in rounds (the order rotates each round) and each one's median over
+rounds is reported, because a shared machine is noisy. Ours sample each batch from a tensor pool,
+SB3 samples from its filled replay buffer, d3rlpy converts a prepared numpy mini-batch every update.
+
+    python benchmarks/update_speed.py            # ~3-5 minutes
+    python benchmarks/update_speed.py --quick    # seconds: a smoke run of every contender
+
+Peers are optional: `pip install stable-baselines3` and `pip install --no-deps d3rlpy==2.8.1`
+(+ its small deps: structlog colorama dataclasses-json gym gym-notices scikit-learn); a missing one
+is skipped with a message. Results also go to benchmarks/results/update_speed-<time>.json.
+
+Goals checked: ours fp32 >= 1.5x SB3 SAC, ours bf16 >= 2x SB3 SAC, our CQL >= 3x d3rlpy CQL, and
+(SAC 10-critic cost / 2-critic cost) / (FLOP-predicted ratio) <= 1.15 (LayerNorm off).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from embodied.agents.cql import CQL, CQLConfig  # noqa: E402
+from embodied.agents.sac import SAC, SACConfig  # noqa: E402
+
+OBS, ACT, BATCH, HIDDEN, POOL = 11, 3, 256, (256, 256), 100_000
+
+
+# -- analytic FLOPs (matmuls only: 2 * rows * fan_in * fan_out per layer) --------------------------
+def _layers(in_dim: int, out_dim: int) -> list[tuple[int, int]]:
+    dims = [in_dim, *HIDDEN, out_dim]
+    return list(zip(dims[:-1], dims[1:]))
+
+
+def _fwd(layers, rows: int) -> float:
+    return sum(2.0 * rows * i * o for i, o in layers)
+
+
+def _bwd(layers, rows: int, input_grad: bool, weight_grad: bool = True) -> float:
+    """Backward = weight gradients (one matmul per layer) + activation gradients (one per layer,
+    the first layer's only when its input needs a gradient)."""
+    flops = _fwd(layers, rows) if weight_grad else 0.0
+    return flops + _fwd(layers if input_grad else layers[1:], rows)
+
+
+def update_flops(num_critics: int, cql_actions: int | None = None, batch: int = BATCH) -> float:
+    """FLOPs of one SAC (cql_actions=None) or CQL update as our code runs it."""
+    actor, critic = _layers(OBS, 2 * ACT), _layers(OBS + ACT, 1)
+    n = num_critics
+    if cql_actions is None:
+        target = _fwd(actor, batch) + n * _fwd(critic, batch)
+        critic_rows = batch
+    else:  # one actor pass on [s; s'], target critic at s', critic at (1 + 3n) actions per state
+        target = _fwd(actor, 2 * batch) + n * _fwd(critic, batch)
+        critic_rows = (1 + 3 * cql_actions) * batch
+    critic_step = n * (_fwd(critic, critic_rows) + _bwd(critic, critic_rows, input_grad=False))
+    actor_step = (_fwd(actor, batch) + n * _fwd(critic, batch) + n * _bwd(critic, batch, True, weight_grad=False)
+                  + _bwd(actor, batch, input_grad=False))
+    return target + critic_step + actor_step
+
+
+# -- contenders: each is a function that runs k updates -------------------------------------------
+def _pool(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return dict(observations=torch.randn(POOL, OBS, generator=g), actions=torch.rand(POOL, ACT, generator=g) * 2 - 1,
+                rewards=torch.randn(POOL, generator=g), next_observations=torch.randn(POOL, OBS, generator=g),
+                terminals=(torch.rand(POOL, generator=g) < 0.01).float(), mc_returns=torch.randn(POOL, generator=g) * 10)
+
+
+def ours(agent, pool):
+    def run(k: int) -> None:
+        for _ in range(k):
+            idx = torch.randint(POOL, (BATCH,))
+            agent.update({key: value[idx] for key, value in pool.items()})
+    return run
+
+
+def sb3_sac():
+    import gymnasium as gym
+    from stable_baselines3 import SAC as SB3SAC
+    from stable_baselines3.common.logger import Logger
+
+    class Dummy(gym.Env):
+        observation_space = gym.spaces.Box(-np.inf, np.inf, (OBS,), np.float32)
+        action_space = gym.spaces.Box(-1.0, 1.0, (ACT,), np.float32)
+
+        def reset(self, seed=None, options=None):
+            return np.zeros(OBS, np.float32), {}
+
+        def step(self, action):
+            return np.zeros(OBS, np.float32), 0.0, False, False, {}
+
+    model = SB3SAC("MlpPolicy", Dummy(), buffer_size=POOL, batch_size=BATCH, learning_starts=0, device="cpu", seed=0,
+                   policy_kwargs=dict(net_arch=[256, 256]))
+    model.set_logger(Logger(folder=None, output_formats=[]))
+    rb, rng = model.replay_buffer, np.random.default_rng(0)
+    rb.observations[:] = rng.standard_normal(rb.observations.shape, np.float32)
+    rb.next_observations[:] = rng.standard_normal(rb.next_observations.shape, np.float32)
+    rb.actions[:] = rng.uniform(-1, 1, rb.actions.shape).astype(np.float32)
+    rb.rewards[:] = rng.standard_normal(rb.rewards.shape, np.float32)
+    rb.full = True
+    return lambda k: model.train(gradient_steps=k, batch_size=BATCH)
+
+
+def d3rlpy_algo(kind: str):
+    import d3rlpy
+    from d3rlpy.dataset import TransitionMiniBatch
+
+    encoder = d3rlpy.models.VectorEncoderFactory(hidden_units=list(HIDDEN))
+    common = dict(batch_size=BATCH, actor_encoder_factory=encoder, critic_encoder_factory=encoder)
+    config = d3rlpy.algos.SACConfig(**common) if kind == "sac" else d3rlpy.algos.CQLConfig(**common)
+    algo = config.create(device="cpu:0")
+    algo.create_impl((OBS,), ACT)
+    rng = np.random.default_rng(0)
+    f32 = lambda *shape: rng.standard_normal(shape).astype(np.float32)
+    batch = TransitionMiniBatch(observations=f32(BATCH, OBS), actions=np.tanh(f32(BATCH, ACT)), rewards=f32(BATCH, 1),
+                                next_observations=f32(BATCH, OBS), next_actions=np.tanh(f32(BATCH, ACT)),
+                                terminals=np.zeros((BATCH, 1), np.float32), intervals=np.ones((BATCH, 1), np.float32),
+                                transitions=[])
+
+    def run(k: int) -> None:
+        for _ in range(k):
+            algo.update(batch)
+    return run
+
+
+def build(quick: bool) -> tuple[dict, list[str]]:
+    pool, contenders, skipped = _pool(), {}, []
+    sac = lambda critics, ln, bf16: SAC(OBS, ACT, SACConfig(hidden=HIDDEN, num_critics=critics, num_min=2,
+                                                             critic_layernorm=ln, bf16=bf16), seed=0)
+    for bf16, tag in ((False, "fp32"), (True, "bf16")):
+        contenders[f"ours SAC 2 critics {tag}"] = ours(sac(2, False, bf16), pool)
+        contenders[f"ours SAC 10 critics {tag}"] = ours(sac(10, False, bf16), pool)
+        contenders[f"ours SAC 10 critics+LN {tag}"] = ours(sac(10, True, bf16), pool)
+        for calql, name in ((False, "CQL"), (True, "Cal-QL")):
+            cfg = CQLConfig(hidden=HIDDEN, num_critics=2, calql=calql, bf16=bf16)
+            contenders[f"ours {name} {tag}"] = ours(CQL(OBS, ACT, cfg, seed=0), pool)
+    for name, make, package in (("SB3 SAC", sb3_sac, "stable-baselines3"),
+                                ("d3rlpy SAC", lambda: d3rlpy_algo("sac"), "d3rlpy==2.8.1 (--no-deps)"),
+                                ("d3rlpy CQL", lambda: d3rlpy_algo("cql"), "d3rlpy==2.8.1 (--no-deps)")):
+        try:
+            contenders[name] = make()
+        except ImportError as err:
+            skipped.append(name)
+            print(f"skipping {name}: {err.name or err} is not installed (pip install {package})", file=sys.stderr)
+    return contenders, skipped
+
+
+def measure(contenders: dict, rounds: int, seconds: float, warmup: int) -> dict[str, list[float]]:
+    for run in contenders.values():
+        run(warmup)
+    rates: dict[str, list[float]] = {name: [] for name in contenders}
+    names = list(contenders)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:  # rotate the order each round
+            run, done, start = contenders[name], 0, time.perf_counter()
+            while True:
+                run(1 if done < 3 else max(1, done // 2))
+                done += 1 if done < 3 else max(1, done // 2)
+                elapsed = time.perf_counter() - start
+                if elapsed >= seconds and done >= 3:
+                    break
+            rates[name].append(done / elapsed)
+        print(f"round {r + 1}/{rounds} done", file=sys.stderr)
+    return rates
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: one short round, seconds in all")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=3.0, help="time per contender per round")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.seconds = 1, 0.05
+    torch.set_num_threads(args.threads)
+    contenders, skipped = build(args.quick)
+    torch.set_num_threads(args.threads)  # peers' constructors must not change it
+    load_before = os.getloadavg()
+    rates = measure(contenders, args.rounds, args.seconds, warmup=1 if args.quick else 5)
+    median = {name: statistics.median(v) for name, v in rates.items()}
+
+    print(f"\nupdates/s, batch {BATCH}, {HIDDEN} MLPs, obs {OBS}, act {ACT}, {args.threads} threads, "
+          f"median of {args.rounds} interleaved rounds (load avg {load_before[0]:.2f} -> {os.getloadavg()[0]:.2f})")
+    print(f"{'contender':32s} {'median':>8s} {'best':>8s} {'worst':>8s}")
+    for name, values in rates.items():
+        print(f"{name:32s} {median[name]:8.1f} {max(values):8.1f} {min(values):8.1f}")
+
+    predicted = update_flops(10) / update_flops(2)
+    goals = []
+
+    def goal(label, value, target, higher=True):
+        ok = value >= target if higher else value <= target
+        goals.append(dict(goal=label, value=round(value, 3), target=target, met=bool(ok)))
+        print(f"  {label:52s} {value:6.2f}  (goal {'>=' if higher else '<='} {target})  {'MET' if ok else 'NOT MET'}")
+
+    print("\ngoals")
+    if "SB3 SAC" in median:
+        goal("ours SAC 2 critics fp32 / SB3 SAC", median["ours SAC 2 critics fp32"] / median["SB3 SAC"], 1.5)
+        goal("ours SAC 2 critics bf16 / SB3 SAC", median["ours SAC 2 critics bf16"] / median["SB3 SAC"], 2.0)
+    if "d3rlpy CQL" in median:
+        for tag in ("fp32", "bf16"):
+            goal(f"ours CQL {tag} / d3rlpy CQL", median[f"ours CQL {tag}"] / median["d3rlpy CQL"], 3.0)
+    for tag in ("fp32", "bf16"):
+        measured = median[f"ours SAC 2 critics {tag}"] / median[f"ours SAC 10 critics {tag}"]
+        goal(f"SAC 10/2-critic cost {tag}: {measured:.2f} measured / {predicted:.2f} FLOPs", measured / predicted,
+             1.15, higher=False)
+    print(f"\nFLOPs per update: SAC 2 critics {update_flops(2) / 1e9:.2f} G, 10 critics {update_flops(10) / 1e9:.2f} G, "
+          f"CQL 2 critics n=10 {update_flops(2, 10) / 1e9:.2f} G (predicted 10/2 ratio {predicted:.2f})")
+
+    if not args.quick:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"update_speed-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        path.write_text(json.dumps(dict(
+            config=dict(batch=BATCH, hidden=HIDDEN, obs_dim=OBS, act_dim=ACT, threads=args.threads, rounds=args.rounds,
+                        seconds=args.seconds), torch=torch.__version__, machine=platform.processor() or platform.machine(),
+            load_avg=[load_before, os.getloadavg()], rates=rates, median=median, skipped=skipped, goals=goals,
+            flops=dict(sac2=update_flops(2), sac10=update_flops(10), cql2=update_flops(2, 10), predicted_ratio=predicted)),
+            indent=2))
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""SAC and its building blocks: fused ensemble, subset min, TD target, loss swap, checkpoints."""
+import math
+
+import pytest
+import torch
+from safetensors.torch import load as st_load, save as st_save
+from torch import nn
+
+from embodied.agents.bc import BC, BCConfig
+from embodied.agents.cql import CQL, CQLConfig
+from embodied.agents.iql import IQL, IQLConfig
+from embodied.agents.nets import EnsembleMLP
+from embodied.agents.sac import SAC, SACConfig
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny networks: one thread is fastest, and two threads on a busy 2-core machine stall for ~100x."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _batch(obs_dim=3, act_dim=2, size=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return dict(observations=torch.randn(size, obs_dim, generator=g),
+                actions=torch.rand(size, act_dim, generator=g) * 2 - 1,
+                rewards=torch.randn(size, generator=g), next_observations=torch.randn(size, obs_dim, generator=g),
+                terminals=(torch.rand(size, generator=g) < 0.3).float(), mc_returns=torch.randn(size, generator=g))
+
+
+@pytest.mark.parametrize("layernorm", [False, True])
+def test_ensemble_equals_loop_of_separate_mlps(layernorm):
+    torch.manual_seed(0)
+    members, dims = 3, (5, 7, 6, 2)
+    ens = EnsembleMLP(members, dims[0], dims[1:-1], dims[-1], layernorm)
+    with torch.no_grad():  # non-trivial LayerNorm affine parameters
+        for p in [*ens.ln_weights, *ens.ln_biases]:
+            p.add_(torch.randn_like(p) * 0.3)
+    mlps = []
+    for m in range(members):
+        layers = []
+        for i, (fan_in, fan_out) in enumerate(zip(dims[:-1], dims[1:])):
+            linear = nn.Linear(fan_in, fan_out)
+            with torch.no_grad():
+                linear.weight.copy_(ens.weights[i][m].T)
+                linear.bias.copy_(ens.biases[i][m, 0])
+            layers.append(linear)
+            if i < len(dims) - 2:
+                if layernorm:
+                    norm = nn.LayerNorm(fan_out)
+                    with torch.no_grad():
+                        norm.weight.copy_(ens.ln_weights[i][m, 0])
+                        norm.bias.copy_(ens.ln_biases[i][m, 0])
+                    layers.append(norm)
+                layers.append(nn.ReLU())
+        mlps.append(nn.Sequential(*layers))
+
+    shared = torch.randn(4, dims[0])
+    per_member = torch.randn(members, 4, dims[0])
+    expected_shared = torch.stack([mlp(shared) for mlp in mlps])
+    torch.testing.assert_close(ens(shared), expected_shared, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ens(per_member), torch.stack([mlp(x) for mlp, x in zip(mlps, per_member)]),
+                               rtol=1e-5, atol=1e-5)
+    # gradients too: each member's weights get exactly its own MLP's gradient
+    ens(shared).square().sum().backward()
+    expected_shared.square().sum().backward()
+    for m, mlp in enumerate(mlps):
+        torch.testing.assert_close(ens.weights[0].grad[m], mlp[0].weight.grad.T, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(ens.biases[-1].grad[m, 0], mlp[-1].bias.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_min_over_random_subset_of_size_k():
+    agent = SAC(3, 2, SACConfig(hidden=(8,), num_critics=5, num_min=2), seed=0)
+    q = torch.arange(5.0)[:, None].expand(5, 3)  # member i predicts i everywhere
+    draws = torch.stack([agent.critic_subset_min(q) for _ in range(4000)])
+    assert (draws == draws[:, :1]).all()  # one subset per call, shared by the whole batch
+    freq = torch.bincount(draws[:, 0].long(), minlength=5).float() / len(draws)
+    # min of 2 distinct members out of 5: P(min = i) = (4 - i) / 10
+    torch.testing.assert_close(freq, torch.tensor([0.4, 0.3, 0.2, 0.1, 0.0]), atol=0.03, rtol=0)
+    full = SAC(3, 2, SACConfig(hidden=(8,), num_critics=2, num_min=2))
+    assert torch.equal(full.critic_subset_min(torch.tensor([[1.0, 5.0], [2.0, 3.0]])), torch.tensor([1.0, 3.0]))
+
+
+def test_td_target_bootstraps_on_timeouts_not_terminals():
+    agent = SAC(3, 2, SACConfig(hidden=(8,), backup_entropy=False))
+    with torch.no_grad():  # Q'(s, a) = 2 everywhere
+        agent.target_critic.net.weights[-1].zero_()
+        agent.target_critic.net.biases[-1].fill_(2.0)
+    batch = dict(_batch(size=3), rewards=torch.tensor([1.0, 1.0, 1.0]), terminals=torch.tensor([0.0, 1.0, 0.0]),
+                 timeouts=torch.tensor([0.0, 0.0, 1.0]))
+    torch.testing.assert_close(agent.td_target(batch), torch.tensor([1 + 0.99 * 2, 1.0, 1 + 0.99 * 2]))
+
+    entropic = SAC(3, 2, SACConfig(hidden=(8,), backup_entropy=True, init_temperature=0.5))
+    entropic.target_critic.load_state_dict(agent.target_critic.state_dict())
+    entropic.actor.sample_with_log_prob = lambda obs: (torch.zeros(len(obs), 2), torch.full((len(obs),), -1.0))
+    torch.testing.assert_close(entropic.td_target(batch), torch.tensor([1 + 0.99 * 2.5, 1.0, 1 + 0.99 * 2.5]))
+
+
+def _step_state(optimizer):
+    return {k: v.clone() for k, v in optimizer.state_dict()["state"][0].items()}
+
+
+def test_from_agent_keeps_or_reinitialises_critic_and_optimizers():
+    torch.manual_seed(0)
+    cql = CQL(3, 2, CQLConfig(hidden=(8,), cql_n_actions=2))
+    for _ in range(3):
+        cql.update(_batch())
+    online = SACConfig(hidden=(8,), actor_lr=1e-3, critic_lr=2e-3)
+
+    kept = SAC.from_agent(cql, online)
+    assert kept.actor is cql.actor and kept.critic is cql.critic and kept.target_critic is cql.target_critic
+    assert kept.log_alpha is cql.log_alpha
+    assert kept.critic_optimizer is cql.critic_optimizer and kept.actor_optimizer is cql.actor_optimizer
+    assert _step_state(kept.critic_optimizer)["step"].item() == 3  # Adam moments carried over
+    assert kept.actor_optimizer.param_groups[0]["lr"] == 1e-3 and kept.critic_optimizer.param_groups[0]["lr"] == 2e-3
+
+    critic_before = {k: v.clone() for k, v in cql.critic.state_dict().items()}
+    fresh = SAC.from_agent(cql, online, reinit_critic=True, reset_optimizers=True)
+    assert fresh.actor is cql.actor and fresh.critic is not cql.critic
+    assert any(not torch.equal(v, fresh.critic.state_dict()[k]) for k, v in critic_before.items())
+    for k, v in fresh.critic.state_dict().items():
+        assert torch.equal(v, fresh.target_critic.state_dict()[k])
+    for opt in (fresh.actor_optimizer, fresh.critic_optimizer, fresh.alpha_optimizer):
+        assert opt.state_dict()["state"] == {}
+    assert fresh.actor_optimizer is not cql.actor_optimizer
+    assert all(torch.equal(v, cql.critic.state_dict()[k]) for k, v in critic_before.items())  # source untouched
+
+    reset_only = SAC.from_agent(cql, online, reset_optimizers=True)
+    assert reset_only.critic is cql.critic and reset_only.critic_optimizer.state_dict()["state"] == {}
+    metrics = reset_only.update(_batch())
+    assert all(math.isfinite(v) for v in metrics.values())
+
+
+def test_from_bc_and_iql_agents():
+    bc = BC(3, 2, BCConfig(hidden=(8,)))
+    bc.update(_batch())
+    sac = SAC.from_agent(bc, SACConfig(hidden=(8,)), reinit_critic=True)
+    assert sac.actor is bc.actor and sac.actor_optimizer is bc.actor_optimizer
+    assert sac.log_alpha.requires_grad and sac.critic.num_critics == 2
+    sac.update(_batch())
+    iql = IQL(3, 2, IQLConfig(hidden=(8,)))
+    iql.update(_batch())
+    sac = SAC.from_agent(iql, SACConfig(hidden=(8,)))
+    assert sac.critic is iql.critic and sac.actor is iql.actor
+    sac.update(_batch())
+
+
+@pytest.mark.parametrize("make", [
+    lambda: SAC(3, 2, SACConfig(hidden=(8,), num_critics=4, num_min=4, critic_layernorm=True)),
+    lambda: CQL(3, 2, CQLConfig(hidden=(8,), cql_n_actions=2, lagrange=True, calql=True)),
+    lambda: IQL(3, 2, IQLConfig(hidden=(8,))),
+    lambda: BC(3, 2, BCConfig(hidden=(8,))),
+], ids=["sac", "calql-lagrange", "iql", "bc"])
+def test_state_dict_round_trip_through_safetensors(make):
+    torch.manual_seed(0)
+    agent = make()
+    for seed in range(3):
+        agent.update(_batch(seed=seed))
+    state = st_load(st_save(agent.state_dict()))
+    torch.manual_seed(1)
+    restored = make()
+    restored.load_state_dict(state)
+    for key, value in agent.state_dict().items():
+        assert torch.equal(value, restored.state_dict()[key]), key
+    # the restored agent continues exactly like the original (same weights, moments, step counts)
+    torch.manual_seed(7)
+    a = agent.update(_batch(seed=9))
+    torch.manual_seed(7)
+    b = restored.update(_batch(seed=9))
+    assert a == b
+    for key, value in agent.state_dict().items():
+        assert torch.equal(value, restored.state_dict()[key]), key
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_sac_update_runs_and_moves_weights(bf16):
+    torch.manual_seed(0)
+    agent = SAC(3, 2, SACConfig(hidden=(16,), num_critics=4, num_min=2, critic_layernorm=True, bf16=bf16))
+    before = [p.clone() for p in agent.critic.parameters()]
+    metrics = agent.update(_batch())
+    assert all(math.isfinite(v) for v in metrics.values())
+    assert all(not torch.equal(a, b) for a, b in zip(before, agent.critic.parameters()))

@@ -1,0 +1,165 @@
+"""The main job end to end: Hydra composition, every preset on a tiny budget, the CLI, bad input."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from embodied.train import CONF_DIR, GROUPS, group_options, run
+
+REPO = Path(__file__).resolve().parents[1]
+PRESETS = group_options("algo")
+
+
+def compose_train(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="train", overrides=overrides)
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("embodied_cache")
+
+
+@pytest.fixture(autouse=True)
+def _cache(cache_dir, monkeypatch):
+    monkeypatch.setenv("EMBODIED_CACHE", str(cache_dir))
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_every_config_composes_and_resolves(group):
+    from omegaconf import OmegaConf
+
+    for option in group_options(group):
+        cfg = compose_train([f"{group}={option}"])
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        assert resolved["env"]["name"] and resolved["algo"]["name"]
+
+
+def smoke_overrides(preset: str, env: str = "pointmaze-umaze") -> list[str]:
+    return [f"algo={preset}", f"env={env}", "experiment=smoke", "dataset=medium-replay"]
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_runs_end_to_end(preset, tmp_path):
+    cfg = compose_train(smoke_overrides(preset))
+    summary = run(cfg, tmp_path)
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["algo"] == preset and written["online_steps"] == 300
+    assert (tmp_path / "learning_curve.png").stat().st_size > 1000
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    online_evals = [line for line in lines if line["kind"] == "eval" and line["phase"] == "online"]
+    assert online_evals[-1]["step"] == 300 and 0.0 <= online_evals[-1]["eval/success"] <= 1.0
+    if cfg.algo.offline_algo:
+        assert summary["offline_score"] is not None
+        assert any(line["phase"] == "offline" and line["kind"] == "train" for line in lines) or cfg.budget.offline_steps < 500
+        assert "switch/action_distance" in online_evals[-1]
+    else:
+        assert summary["offline_score"] is None and summary["dip"] is None
+    if cfg.algo.online_algo == "sac":
+        assert "switch/calibration_gap" in online_evals[-1]
+
+
+def test_dense_locomotion_preset_with_video(tmp_path):
+    """CQL pretraining -> WSRL on Hopper from random data, with an mp4 of the final policy."""
+    overrides = smoke_overrides("wsrl", env="hopper")
+    overrides = [o for o in overrides if not o.startswith("dataset=")] + ["dataset=random", "eval.video_episodes=1",
+                                                                            "eval.video_size=64"]
+    summary = run(compose_train(overrides), tmp_path)
+    assert summary["offline_algo"] == "cql"
+    assert summary["score_kind"] == "d4rl_normalized" and summary["approximate_normalization"] is True
+    assert Path(summary["video"]).stat().st_size > 1000
+
+
+def cli(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "embodied.train", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_bad_override_lists_valid_choices(tmp_path):
+    result = cli("algo=wsrll", cwd=tmp_path)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "algo=wsrll" in lines[0] and "wsrl" in lines[0] and "scratch" in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_dataset_is_one_line_error(tmp_path, cache_dir):
+    import h5py
+    import numpy as np
+
+    path = tmp_path / "bad.hdf5"
+    with h5py.File(path, "w") as f:  # PointMaze has 2-d actions; this file has 3
+        f["observations"] = np.zeros((10, 6), np.float32)
+        f["actions"] = np.zeros((10, 3), np.float32)
+        f["rewards"] = np.zeros(10, np.float32)
+        f["terminals"] = np.zeros(10, bool)
+        f["timeouts"] = np.zeros(10, bool)
+    result = cli("experiment=smoke", f"dataset.path={path}", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "actions" in error[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_main_job_and_kill_resume(tmp_path, cache_dir):
+    """Run the CLI with checkpoints, kill it hard mid-run, resume it, and finish with one clean history."""
+    import os
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    args = ["experiment=smoke", "budget.offline_steps=200", "budget.online_steps=600",
+            "checkpoint.every=100", "eval.every_offline=100", "eval.every_online=100", f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "EMBODIED_CACHE": str(cache_dir)}
+    process = subprocess.Popen([sys.executable, "-m", "embodied.train", *args], cwd=tmp_path, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 240
+    checkpoints = run_dir / "checkpoints"
+    # kill once a checkpoint of the online phase exists (total step > offline steps)
+    while time.time() < deadline:
+        done = sorted(checkpoints.glob("step_*")) if checkpoints.exists() else []
+        if any(int(p.name.split("_")[1]) >= 400 for p in done) or process.poll() is not None:
+            break
+        time.sleep(0.2)
+    assert process.poll() is None, "run finished before it could be killed; raise its budget"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (run_dir / "summary.json").exists()
+
+    result = subprocess.run([sys.executable, "-m", "embodied.train", *args, "resume=true"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "resumed from" in result.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["online_steps"] == 600
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [(line["phase"], line["step"]) for line in lines if line["kind"] == "eval"]
+    assert len(evals) == len(set(evals)), "resume duplicated eval records"
+    assert ("online", 600) in evals and ("offline", 200) in evals
+
+    # a corrupt checkpoint is refused with one line, not a traceback
+    latest = sorted(checkpoints.glob("step_*"))[-1]
+    (latest / "model.safetensors").write_bytes(b"not a safetensors file")
+    result = subprocess.run([sys.executable, "-m", "embodied.train", *args, "resume=true"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "corrupt" in error[0] and "Traceback" not in result.stderr
+
+
+def test_multirun_sweep_and_summary(tmp_path, cache_dir):
+    sweep = tmp_path / "sweep"
+    result = cli("-m", "experiment=smoke", "algo=naive,scratch", "seed=0,1",
+                 f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert len(list(sweep.rglob("summary.json"))) == 4
+    summary = subprocess.run([sys.executable, "-m", "embodied.summary", str(sweep)], capture_output=True, text=True,
+                             timeout=120)
+    assert summary.returncode == 0, summary.stderr
+    assert "naive" in summary.stdout and "scratch" in summary.stdout
+    assert (sweep / "summary.md").exists() and (sweep / "summary.csv").exists()
