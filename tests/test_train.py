@@ -88,21 +88,38 @@ def test_bad_override_lists_valid_choices(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_bad_dataset_is_one_line_error(tmp_path, cache_dir):
+BAD_DATASETS = {  # what is wrong -> the key the one-line error must name
+    "wrong_action_dim": "actions",
+    "missing_key": "rewards",
+    "mismatched_lengths": "terminals",
+    "nan": "observations",
+}
+
+
+@pytest.mark.parametrize("defect", sorted(BAD_DATASETS))
+def test_bad_dataset_is_one_line_error(defect, tmp_path):
     import h5py
     import numpy as np
 
+    arrays = {"observations": np.zeros((10, 6), np.float32), "actions": np.zeros((10, 2), np.float32),
+              "rewards": np.zeros(10, np.float32), "terminals": np.zeros(10, bool), "timeouts": np.zeros(10, bool)}
+    arrays["timeouts"][-1] = True
+    if defect == "wrong_action_dim":  # PointMaze has 2-d actions
+        arrays["actions"] = np.zeros((10, 3), np.float32)
+    elif defect == "missing_key":
+        del arrays["rewards"]
+    elif defect == "mismatched_lengths":
+        arrays["terminals"] = np.zeros(9, bool)
+    elif defect == "nan":
+        arrays["observations"][4, 2] = np.nan
     path = tmp_path / "bad.hdf5"
-    with h5py.File(path, "w") as f:  # PointMaze has 2-d actions; this file has 3
-        f["observations"] = np.zeros((10, 6), np.float32)
-        f["actions"] = np.zeros((10, 3), np.float32)
-        f["rewards"] = np.zeros(10, np.float32)
-        f["terminals"] = np.zeros(10, bool)
-        f["timeouts"] = np.zeros(10, bool)
+    with h5py.File(path, "w") as f:
+        for key, value in arrays.items():
+            f[key] = value
     result = cli("experiment=smoke", f"dataset.path={path}", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(error) == 1 and "actions" in error[0]
+    assert len(error) == 1 and BAD_DATASETS[defect] in error[0], result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -163,3 +180,15 @@ def test_multirun_sweep_and_summary(tmp_path, cache_dir):
     assert summary.returncode == 0, summary.stderr
     assert "naive" in summary.stdout and "scratch" in summary.stdout
     assert (sweep / "summary.md").exists() and (sweep / "summary.csv").exists()
+
+
+def test_multirun_on_a_local_ray_instance(tmp_path, cache_dir):
+    """The path to a cluster: the same sweep through hydra-ray-launcher on a Ray instance it starts."""
+    pytest.importorskip("hydra_plugins.hydra_ray_launcher")
+    sweep = tmp_path / "sweep"
+    result = cli("-m", "hydra/launcher=ray", "hydra.launcher.ray.init.num_cpus=2",
+                 "hydra.launcher.ray.init.include_dashboard=false", "hydra.launcher.ray.remote.num_cpus=1",
+                 "experiment=smoke", "algo=scratch", "seed=0,1", f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summaries = [json.loads(p.read_text()) for p in sweep.rglob("summary.json")]
+    assert sorted(s["seed"] for s in summaries) == [0, 1]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from embodied.agents.nets import adam, to_torch
+from embodied.agents.nets import adam, tune_allocator, to_torch
 from embodied.agents.sac import checkpoint_tensors, restore_tensors
 from policies.gaussian import TanhGaussianPolicy
 
@@ -27,6 +27,8 @@ class BCConfig:
 class BC:
     def __init__(self, obs_dim: int, act_dim: int, cfg: BCConfig = BCConfig(), device: str = "cpu", seed: int = 0):
         self.cfg, self.device = cfg, torch.device(device)
+        if self.device.type == "cpu":
+            tune_allocator()  # large activations stop page-faulting on every update
         self.obs_dim, self.act_dim = obs_dim, act_dim
         self.actor = TanhGaussianPolicy(obs_dim, act_dim, cfg.hidden, state_dependent_std=cfg.state_dependent_std)
         self.actor.to(self.device)
@@ -41,7 +43,7 @@ class BC:
         self.actor_optimizer.step()
         with torch.no_grad():
             mse = ((self.actor.mode(obs) - actions) ** 2).mean()
-        return {"bc_loss": float(loss), "mode_mse": float(mse)}
+        return {"bc_loss": float(loss.detach()), "mode_mse": float(mse)}
 
     def act(self, obs, deterministic: bool = False) -> np.ndarray:
         return self.actor.act(obs, deterministic)[..., 0, :]

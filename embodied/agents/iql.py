@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from embodied.agents.nets import CriticEnsemble, ValueEnsemble, adam, soft_update, to_torch
+from embodied.agents.nets import CriticEnsemble, ValueEnsemble, adam, soft_update, to_torch, tune_allocator
 from embodied.agents.sac import checkpoint_tensors, restore_tensors
 from policies.gaussian import TanhGaussianPolicy
 
@@ -48,6 +48,8 @@ def expectile_loss(diff: torch.Tensor, expectile: float) -> torch.Tensor:
 class IQL:
     def __init__(self, obs_dim: int, act_dim: int, cfg: IQLConfig = IQLConfig(), device: str = "cpu", seed: int = 0):
         self.cfg, self.device = cfg, torch.device(device)
+        if self.device.type == "cpu":
+            tune_allocator()  # large activations stop page-faulting on every update
         self.obs_dim, self.act_dim = obs_dim, act_dim
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.actor = TanhGaussianPolicy(obs_dim, act_dim, cfg.hidden, state_dependent_std=False).to(self.device)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from embodied.agents.nets import CriticEnsemble, adam, load_optimizer_tensors, optimizer_tensors, soft_update, to_torch
+from embodied.agents.nets import (CriticEnsemble, adam, load_optimizer_tensors, optimizer_tensors, soft_update, to_torch,
+                                  tune_allocator)
 from policies.gaussian import TanhGaussianPolicy
 
 
@@ -38,6 +39,8 @@ class SACConfig:
 class SAC:
     def __init__(self, obs_dim: int, act_dim: int, cfg: SACConfig = SACConfig(), device: str = "cpu", seed: int = 0):
         self.cfg, self.device = cfg, torch.device(device)
+        if self.device.type == "cpu":
+            tune_allocator()
         self.obs_dim, self.act_dim = obs_dim, act_dim
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.actor = TanhGaussianPolicy(obs_dim, act_dim, cfg.hidden).to(self.device)

@@ -67,6 +67,12 @@ def load_hdf5(path) -> Dataset:
     except OSError as err:
         raise DatasetError(f"cannot read {path} as HDF5 ({err}): delete the file so it is regenerated") from None
     arrays = {key: _coerce(key, value) for key, value in arrays.items()}
+    lengths = {key: len(value) for key, value in arrays.items()}
+    if len(set(lengths.values())) > 1:  # checked before deriving anything from row order
+        n = lengths["observations"]
+        wrong = next(key for key, length in lengths.items() if length != n)
+        raise DatasetError(f"'{wrong}' has {lengths[wrong]} rows but 'observations' has {n}: every D4RL key "
+                           "needs one row per transition")
     if "next_observations" not in arrays:
         arrays = _derive_next_observations(arrays)
         metadata["next_observations"] = "derived from the following row (see embodied.data.d4rl.load_hdf5)"

@@ -87,3 +87,20 @@ def test_missing_or_corrupt_file(tmp_path):
     (tmp_path / "junk.hdf5").write_bytes(b"not hdf5 at all")
     with pytest.raises(DatasetError, match="cannot read"):
         load_hdf5(tmp_path / "junk.hdf5")
+
+
+def test_mismatched_lengths_are_named_before_next_observations_are_derived(tmp_path):
+    import h5py
+
+    from embodied.data.d4rl import load_hdf5
+    from embodied.errors import DatasetError
+
+    path = tmp_path / "short_terminals.hdf5"
+    with h5py.File(path, "w") as f:
+        f["observations"] = np.zeros((10, 3), np.float32)
+        f["actions"] = np.zeros((10, 2), np.float32)
+        f["rewards"] = np.zeros(10, np.float32)
+        f["terminals"] = np.zeros(9, bool)
+        f["timeouts"] = np.zeros(10, bool)
+    with pytest.raises(DatasetError, match="'terminals' has 9 rows but 'observations' has 10"):
+        load_hdf5(path)
