@@ -32,7 +32,7 @@ def sweep_command(task: str, presets: list[str], seeds: int, sweep_dir: Path, qu
     command = [sys.executable, "-m", "embodied.train", "-m", *experiment, f"env={env}", f"algo={','.join(presets)}",
                f"seed={','.join(str(s) for s in range(seeds))}", f"hydra.sweep.dir={sweep_dir}", *extra]
     if launcher == "ray":
-        command += ["hydra/launcher=ray", "hydra.launcher.ray.init.num_cpus=2", "hydra.launcher.ray.remote.num_cpus=1"]
+        command += ["hydra/launcher=ray_local"]
     return command
 
 

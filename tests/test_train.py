@@ -186,8 +186,7 @@ def test_multirun_on_a_local_ray_instance(tmp_path, cache_dir):
     """The path to a cluster: the same sweep through hydra-ray-launcher on a Ray instance it starts."""
     pytest.importorskip("hydra_plugins.hydra_ray_launcher")
     sweep = tmp_path / "sweep"
-    result = cli("-m", "hydra/launcher=ray", "hydra.launcher.ray.init.num_cpus=2",
-                 "hydra.launcher.ray.init.include_dashboard=false", "hydra.launcher.ray.remote.num_cpus=1",
+    result = cli("-m", "hydra/launcher=ray_local", "hydra.launcher.ray.init.num_cpus=2",
                  "experiment=smoke", "algo=scratch", "seed=0,1", f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     summaries = [json.loads(p.read_text()) for p in sweep.rglob("summary.json")]

@@ -140,16 +140,16 @@ class CQL(SAC):
             self.act_dim, cfg.cql_temperature, cfg.cql_importance_sample,
             batch["mc_returns"] if cfg.calql else None)
         td_loss = ((q_data - target_q) ** 2).mean(1).sum()  # summed over critics, as in SAC
-        if cfg.lagrange:
-            cql_alpha = self.log_cql_alpha.exp().clamp(0.0, 1e6)
-            penalty_loss = (cql_alpha.detach() * cfg.cql_alpha * (penalty - cfg.target_action_gap)).sum()
-            alpha_loss = -(cql_alpha * cfg.cql_alpha * (penalty.detach() - cfg.target_action_gap)).mean()
+        if cfg.lagrange:  # weight = cql_alpha * exp(log_cql_alpha), pushed up while penalty > gap
+            multiplier = self.log_cql_alpha.exp().clamp(0.0, 1e6)
+            penalty_loss = (multiplier.detach() * cfg.cql_alpha * (penalty - cfg.target_action_gap)).sum()
+            alpha_loss = -(multiplier * cfg.cql_alpha * (penalty.detach() - cfg.target_action_gap)).mean()
+            weight = multiplier.detach() * cfg.cql_alpha
         else:
-            cql_alpha = torch.tensor(cfg.cql_alpha)
-            penalty_loss, alpha_loss = cfg.cql_alpha * penalty.sum(), None
+            penalty_loss, alpha_loss, weight = cfg.cql_alpha * penalty.sum(), None, cfg.cql_alpha
         metrics = {"critic_loss": td_loss.detach(), "cql_penalty": penalty.detach().mean(),
                    "q_data": q_data.detach().mean(), "q_ood": ood.detach().mean(), "target_q_mean": target_q.mean(),
-                   "cql_alpha": cql_alpha.detach() * (cfg.cql_alpha if cfg.lagrange else 1.0)}
+                   "cql_alpha": weight}
         if cfg.calql:
             metrics["calql_floored_fraction"] = floored
         return td_loss + penalty_loss, alpha_loss, metrics

@@ -5,6 +5,7 @@
     actor:  L_pi = -E[ min(exp(beta (min_i Q_target_i(s, a) - V(s))), 100) log pi(a | s) ]   (beta = 3)
 
 The same update runs offline and online (IQL fine-tuning just keeps calling it on the replay).
+The advantage and V(s') use the value network as it was before this update's value step.
 
 Actor: the project's TanhGaussianPolicy with a state-independent std (`state_dependent_std=False`,
 as in the IQL reference); the weighted regression uses its exact `log_prob` of dataset actions
