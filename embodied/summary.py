@@ -22,12 +22,15 @@ from embodied.logging import SUMMARY_FILE, read_metrics
 from embodied.stats import bootstrap_ci
 
 SCORE_FIELDS = ("offline_score", "online_score", "final_score", "best_score", "dip",
+                "dip_after_learning_starts", "calibration_gap_final", "action_distance_final",
                 "offline_success", "online_success")
 GROUPING_KEYS = {"env", "algo", "preset", "seed"}  # overrides that never split a method
 MIN_EPISODES = 20  # DESIGN.md §5
 CI_NOTE = ("mean [95% CI]: percentile bootstrap of the mean over seeds, 10,000 resamples. "
            "dip = worst eval in the first 10% of online steps minus end-of-offline "
-           "(negative = dropped after the switch).")
+           "(negative = dropped after the switch); dip (learning) = the same window starting at the first "
+           "gradient step (after WSRL's warmup or the random steps). calib. gap = critic Q minus Monte-Carlo "
+           "return on the last evaluation's episodes; drift = mean |a_finetuned - a_pretrained| on online states.")
 
 
 @dataclass
@@ -180,7 +183,8 @@ def _episodes(row: dict) -> str:
 def markdown_table(rows: Sequence[dict], metric: str = "final_score") -> str:
     """The sweep table in markdown, with notes on anything that weakens a comparison."""
     with_success = any(row["online_success_n"] for row in rows)
-    headers = ["method", "task", "seeds", "episodes/eval", "offline → online", "final", "best", "dip"]
+    headers = ["method", "task", "seeds", "episodes/eval", "offline → online", "final", "best", "dip",
+               "dip (learning)", "calib. gap", "drift"]
     if with_success:
         headers.append("success offline → online")
     if metric not in SCORE_FIELDS:
@@ -189,7 +193,9 @@ def markdown_table(rows: Sequence[dict], metric: str = "final_score") -> str:
     for row in rows:
         cells = [row["method"], row["task"], str(row["seeds"]), _episodes(row),
                  f"{_ci(row, 'offline_score')} → {_ci(row, 'online_score')}",
-                 _ci(row, "final_score"), _ci(row, "best_score"), _ci(row, "dip")]
+                 _ci(row, "final_score"), _ci(row, "best_score"), _ci(row, "dip"),
+                 _ci(row, "dip_after_learning_starts"), _ci(row, "calibration_gap_final"),
+                 _ci(row, "action_distance_final", 2)]
         if with_success:
             has_success = row["offline_success_n"] or row["online_success_n"]
             cells.append(f"{_ci(row, 'offline_success', 2)} → {_ci(row, 'online_success', 2)}"
