@@ -20,6 +20,7 @@ setup() {
     touch "$STAMP"
 }
 
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}  # see embodied/__init__.py
 cmd=${1:-help}; shift || true
 case "$cmd" in
     setup) setup ;;

@@ -1,25 +1,34 @@
 """Gradient updates per second: our SAC / CQL / Cal-QL against Stable-Baselines3 and d3rlpy.
 
 Same process, same thread count, batch 256, 256x256 MLPs, Hopper sizes (obs 11, act 3). The
-contenders run interleaved in rounds (the order rotates each round) and each one's median over
-rounds is reported, because a shared machine is noisy. Ours sample each batch from a tensor pool,
-SB3 samples from its filled replay buffer, d3rlpy converts a prepared numpy mini-batch every update.
+contenders run interleaved in short rounds (the order rotates each round); the table gives each
+one's median over rounds and the goals use the median of per-round ratios, because a shared machine
+is noisy. Ours sample each batch from a tensor pool, SB3 samples from its filled replay buffer,
+d3rlpy converts a prepared numpy mini-batch every update.
 
-    python benchmarks/update_speed.py            # ~3-5 minutes
+    python benchmarks/update_speed.py                        # ~3-5 minutes, 2 threads, wall clock
+    python benchmarks/update_speed.py --threads 1 --clock cpu  # robust to other processes' load
     python benchmarks/update_speed.py --quick    # seconds: a smoke run of every contender
 
 Peers are optional: `pip install stable-baselines3` and `pip install --no-deps d3rlpy==2.8.1`
 (+ its small deps: structlog colorama dataclasses-json gym gym-notices scikit-learn); a missing one
-is skipped with a message. Results also go to benchmarks/results/update_speed-<time>.json.
+is skipped with a message. Results also go to benchmarks/results/update_speed-<threads>-<clock>-<time>.json.
 
 Goals checked: ours fp32 >= 1.5x SB3 SAC, ours bf16 >= 2x SB3 SAC, our CQL >= 3x d3rlpy CQL, and
 (SAC 10-critic cost / 2-critic cost) / (FLOP-predicted ratio) <= 1.15 (LayerNorm off).
 """
 from __future__ import annotations
 
+import os
+
+# Before torch loads OpenMP: idle OpenMP threads sleep instead of spinning. On a shared 2-core
+# machine the default spin-then-sleep made 2-thread updates up to ~70x slower whenever another
+# process held a core (threads spin-wait on a sibling that is not scheduled). Applies to every
+# contender alike; override with OMP_WAIT_POLICY=ACTIVE.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import json
-import os
 import platform
 import statistics
 import sys
@@ -157,18 +166,19 @@ def build(quick: bool) -> tuple[dict, list[str]]:
     return contenders, skipped
 
 
-def measure(contenders: dict, rounds: int, seconds: float, warmup: int) -> dict[str, list[float]]:
+def measure(contenders: dict, rounds: int, seconds: float, warmup: int, clock=time.perf_counter) -> dict[str, list[float]]:
     for run in contenders.values():
         run(warmup)
     rates: dict[str, list[float]] = {name: [] for name in contenders}
     names = list(contenders)
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:  # rotate the order each round
-            run, done, start = contenders[name], 0, time.perf_counter()
+            run, done, start = contenders[name], 0, clock()
             while True:
-                run(1 if done < 3 else max(1, done // 2))
-                done += 1 if done < 3 else max(1, done // 2)
-                elapsed = time.perf_counter() - start
+                chunk = 1 if done < 3 else max(1, done // 2)
+                run(chunk)
+                done += chunk
+                elapsed = clock() - start
                 if elapsed >= seconds and done >= 3:
                     break
             rates[name].append(done / elapsed)
@@ -179,9 +189,12 @@ def measure(contenders: dict, rounds: int, seconds: float, warmup: int) -> dict[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: one short round, seconds in all")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=3.0, help="time per contender per round")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--seconds", type=float, default=1.5, help="time per contender per round")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall: elapsed time; cpu: this process's CPU time, which a loaded machine does not "
+                             "inflate (meaningful with --threads 1)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
     if args.quick:
@@ -190,17 +203,24 @@ def main() -> None:
     contenders, skipped = build(args.quick)
     torch.set_num_threads(args.threads)  # peers' constructors must not change it
     load_before = os.getloadavg()
-    rates = measure(contenders, args.rounds, args.seconds, warmup=1 if args.quick else 5)
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
+    rates = measure(contenders, args.rounds, args.seconds, warmup=1 if args.quick else 5, clock=clock)
     median = {name: statistics.median(v) for name, v in rates.items()}
 
-    print(f"\nupdates/s, batch {BATCH}, {HIDDEN} MLPs, obs {OBS}, act {ACT}, {args.threads} threads, "
-          f"median of {args.rounds} interleaved rounds (load avg {load_before[0]:.2f} -> {os.getloadavg()[0]:.2f})")
+    print(f"\nupdates per {args.clock}-clock second, batch {BATCH}, {HIDDEN} MLPs, obs {OBS}, act {ACT}, {args.threads} threads, "
+          f"median of {args.rounds} interleaved rounds, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
+          f"load avg {load_before[0]:.2f} -> {os.getloadavg()[0]:.2f}")
     print(f"{'contender':32s} {'median':>8s} {'best':>8s} {'worst':>8s}")
     for name, values in rates.items():
         print(f"{name:32s} {median[name]:8.1f} {max(values):8.1f} {min(values):8.1f}")
 
     predicted = update_flops(10) / update_flops(2)
     goals = []
+
+    def ratio(a: str, b: str) -> float:
+        """Median over rounds of the per-round ratio: each round's pair ran minutes apart at most, so
+        slow drifts of the machine's load cancel better than in a ratio of medians."""
+        return statistics.median(x / y for x, y in zip(rates[a], rates[b]))
 
     def goal(label, value, target, higher=True):
         ok = value >= target if higher else value <= target
@@ -209,25 +229,29 @@ def main() -> None:
 
     print("\ngoals")
     if "SB3 SAC" in median:
-        goal("ours SAC 2 critics fp32 / SB3 SAC", median["ours SAC 2 critics fp32"] / median["SB3 SAC"], 1.5)
-        goal("ours SAC 2 critics bf16 / SB3 SAC", median["ours SAC 2 critics bf16"] / median["SB3 SAC"], 2.0)
+        goal("ours SAC 2 critics fp32 / SB3 SAC", ratio("ours SAC 2 critics fp32", "SB3 SAC"), 1.5)
+        goal("ours SAC 2 critics bf16 / SB3 SAC", ratio("ours SAC 2 critics bf16", "SB3 SAC"), 2.0)
     if "d3rlpy CQL" in median:
         for tag in ("fp32", "bf16"):
-            goal(f"ours CQL {tag} / d3rlpy CQL", median[f"ours CQL {tag}"] / median["d3rlpy CQL"], 3.0)
+            goal(f"ours CQL {tag} / d3rlpy CQL", ratio(f"ours CQL {tag}", "d3rlpy CQL"), 3.0)
     for tag in ("fp32", "bf16"):
-        measured = median[f"ours SAC 2 critics {tag}"] / median[f"ours SAC 10 critics {tag}"]
+        measured = ratio(f"ours SAC 2 critics {tag}", f"ours SAC 10 critics {tag}")
         goal(f"SAC 10/2-critic cost {tag}: {measured:.2f} measured / {predicted:.2f} FLOPs", measured / predicted,
              1.15, higher=False)
+    for tag in ("fp32", "bf16"):  # information only: LayerNorm adds elementwise work the FLOP model leaves out
+        measured = ratio(f"ours SAC 2 critics {tag}", f"ours SAC 10 critics+LN {tag}")
+        print(f"  (RLPD config, 10 critics+LN vs 2 critics {tag}: {measured:.2f} measured / {predicted:.2f} FLOPs "
+              f"= {measured / predicted:.2f})")
     print(f"\nFLOPs per update: SAC 2 critics {update_flops(2) / 1e9:.2f} G, 10 critics {update_flops(10) / 1e9:.2f} G, "
           f"CQL 2 critics n=10 {update_flops(2, 10) / 1e9:.2f} G (predicted 10/2 ratio {predicted:.2f})")
 
     if not args.quick:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        path = out / f"update_speed-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        path = out / f"update_speed-{args.threads}thr-{args.clock}-{time.strftime('%Y%m%d-%H%M%S')}.json"
         path.write_text(json.dumps(dict(
             config=dict(batch=BATCH, hidden=HIDDEN, obs_dim=OBS, act_dim=ACT, threads=args.threads, rounds=args.rounds,
-                        seconds=args.seconds), torch=torch.__version__, machine=platform.processor() or platform.machine(),
+                        seconds=args.seconds, clock=args.clock, omp_wait_policy=os.environ.get("OMP_WAIT_POLICY")), torch=torch.__version__, machine=platform.processor() or platform.machine(),
             load_avg=[load_before, os.getloadavg()], rates=rates, median=median, skipped=skipped, goals=goals,
             flops=dict(sac2=update_flops(2), sac10=update_flops(10), cql2=update_flops(2, 10), predicted_ratio=predicted)),
             indent=2))
