@@ -80,7 +80,7 @@ def runner_config(cfg: DictConfig):
         eval_every_online=cfg.eval.every_online, eval_episodes=cfg.eval.episodes,
         video_episodes=cfg.eval.video_episodes, video_size=cfg.eval.video_size,
         checkpoint_every=cfg.checkpoint.every, keep_checkpoints=cfg.checkpoint.keep,
-        replay_capacity=max(cfg.budget.online_steps, 1), seed=cfg.seed, device=cfg.device,
+        seed=cfg.seed, device=cfg.device,
     )
 
 
@@ -124,10 +124,13 @@ def print_result(summary: dict) -> None:
     if summary.get("score_kind") != "d4rl_normalized":
         kind = "return"
     print(f"\n{summary['algo']} on {summary['env']} (seed {summary['seed']}), {kind}, {summary['episodes']} episodes per eval")
-    print("| end of offline | end of online | best | post-switch dip |")
-    print("|---|---|---|---|")
+    print("| end of offline | end of online | best | post-switch dip | dip from first gradient step |")
+    print("|---|---|---|---|---|")
     print(f"| {fmt(summary['offline_score'])} | {fmt(summary['online_score'])} | {fmt(summary['best_score'])} "
-          f"| {fmt(summary['dip'])} |")
+          f"| {fmt(summary['dip'])} | {fmt(summary['dip_after_learning_starts'])} |")
+    if summary.get("online_success") is not None:
+        offline = summary.get("offline_success")
+        print(f"success rate: {'-' if offline is None else f'{offline:.2f}'} -> {summary['online_success']:.2f}")
     print(f"run directory: {summary['run_dir']}", flush=True)
 
 

@@ -106,7 +106,8 @@ class Runner:
         if dataset is not None:
             dataset.validate(obs_dim=obs_dim, act_dim=act_dim)
         self.offline_buffer = self._offline_buffer() if needs_data else None
-        self.online_buffer = ReplayBuffer(obs_dim, act_dim, capacity=max(cfg.online_steps, 1), seed=cfg.seed + 1)
+        capacity = max(1, min(cfg.replay_capacity, cfg.online_steps))
+        self.online_buffer = ReplayBuffer(obs_dim, act_dim, capacity=capacity, seed=cfg.seed + 1)
         self.keep_episode_mc = False  # online transitions need MC returns when Cal-QL keeps training online
 
         self.offline_agent = None
