@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from embodied.agents.nets import CriticEnsemble, ValueEnsemble, adam, soft_update, to_torch, tune_allocator
+from embodied.agents.nets import CriticEnsemble, ValueEnsemble, adam, mean_q, soft_update, to_torch, tune_allocator
 from embodied.agents.sac import checkpoint_tensors, restore_tensors
 from policies.gaussian import TanhGaussianPolicy
 
@@ -98,11 +98,8 @@ class IQL:
                    "weight_mean": weights.mean()}
         return {k: float(value.detach()) for k, value in metrics.items()}
 
-    @torch.no_grad()
     def q_values(self, obs, action) -> np.ndarray:
-        obs = torch.as_tensor(np.asarray(obs, np.float32), device=self.device)
-        action = torch.as_tensor(np.asarray(action, np.float32), device=self.device)
-        return self.critic(obs, action).mean(0).cpu().numpy()
+        return mean_q(self.critic, obs, action, self.device)
 
     def act(self, obs, deterministic: bool = False) -> np.ndarray:
         return self.actor.act(obs, deterministic)[..., 0, :]

@@ -103,6 +103,14 @@ def tune_allocator() -> bool:
 
 
 @torch.no_grad()
+def mean_q(critic: nn.Module, obs, action, device) -> np.ndarray:
+    """Ensemble-mean Q of numpy (state, action) rows: the runner's calibration diagnostic."""
+    obs = torch.as_tensor(np.asarray(obs, np.float32), device=device)
+    action = torch.as_tensor(np.asarray(action, np.float32), device=device)
+    return critic(obs, action).float().mean(0).cpu().numpy()
+
+
+@torch.no_grad()
 def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
     torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
 

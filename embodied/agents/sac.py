@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from embodied.agents.nets import (CriticEnsemble, adam, load_optimizer_tensors, optimizer_tensors, soft_update, to_torch,
+from embodied.agents.nets import (CriticEnsemble, adam, load_optimizer_tensors, mean_q, optimizer_tensors, soft_update, to_torch,
                                   tune_allocator)
 from policies.gaussian import TanhGaussianPolicy
 
@@ -148,12 +148,8 @@ class SAC:
         metrics.update(self.update_actor_and_alpha(batch))
         return {k: float(v) for k, v in metrics.items()}
 
-    @torch.no_grad()
     def q_values(self, obs, action) -> np.ndarray:
-        """Mean ensemble Q, for the calibration diagnostics."""
-        obs = torch.as_tensor(np.asarray(obs, np.float32), device=self.device)
-        action = torch.as_tensor(np.asarray(action, np.float32), device=self.device)
-        return self.critic(obs, action).mean(0).cpu().numpy()
+        return mean_q(self.critic, obs, action, self.device)
 
     def act(self, obs, deterministic: bool = False) -> np.ndarray:
         """[A] for one observation, [B, A] for a batch."""

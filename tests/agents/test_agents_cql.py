@@ -10,15 +10,6 @@ from embodied.agents.sac import SAC, SACConfig
 ACT_DIM = 1
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny networks: one thread is fastest, and two threads on a busy 2-core machine stall for ~100x."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _lse(values):
     top = max(values)
     return top + math.log(sum(math.exp(v - top) for v in values))

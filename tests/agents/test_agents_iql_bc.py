@@ -6,15 +6,6 @@ from embodied.agents.bc import BC, BCConfig
 from embodied.agents.iql import IQL, IQLConfig, expectile_loss
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny networks: one thread is fastest, and two threads on a busy 2-core machine stall for ~100x."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_expectile_loss_by_hand():
     diff = torch.tensor([-2.0, 1.0, 0.5, 0.0])
     expected = (0.3 * 4.0 + 0.7 * 1.0 + 0.7 * 0.25 + 0.0) / 4

@@ -13,15 +13,6 @@ from embodied.agents.nets import EnsembleMLP
 from embodied.agents.sac import SAC, SACConfig
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny networks: one thread is fastest, and two threads on a busy 2-core machine stall for ~100x."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _batch(obs_dim=3, act_dim=2, size=16, seed=0):
     g = torch.Generator().manual_seed(seed)
     return dict(observations=torch.randn(size, obs_dim, generator=g),
