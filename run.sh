@@ -8,14 +8,18 @@ cd "$(dirname "$0")"
 VENV=.venv
 STAMP=$VENV/.installed-$(sha1sum pyproject.toml | cut -c1-12)
 
+pip_quiet() {  # pip, without the notes about this machine's optional local package mirrors
+    "$VENV/bin/pip" "$@" 2> >(grep -v -e "is ignored: it is neither" -e "BuildBackendWarning" >&2)
+}
+
 setup() {
     if [ -f "$STAMP" ]; then return; fi
     echo "[run.sh] installing into $VENV (first run only, a few minutes)" >&2
     python3 -m venv "$VENV"
-    "$VENV/bin/pip" install -q --upgrade pip
+    pip_quiet install -q --upgrade pip
     # torch first, from the CPU wheel: a plain 'torch' would pull a multi-GB CUDA build.
-    "$VENV/bin/pip" install -q torch==2.13.0
-    "$VENV/bin/pip" install -q -e ".[test,ray]" torch==2.13.0
+    pip_quiet install -q torch==2.13.0
+    pip_quiet install -q -e ".[test,ray]" torch==2.13.0
     rm -f "$VENV"/.installed-*
     touch "$STAMP"
 }
