@@ -191,3 +191,14 @@ def test_multirun_on_a_local_ray_instance(tmp_path, cache_dir):
     assert result.returncode == 0, result.stderr[-3000:]
     summaries = [json.loads(p.read_text()) for p in sweep.rglob("summary.json")]
     assert sorted(s["seed"] for s in summaries) == [0, 1]
+
+
+def test_bf16_setting():
+    from embodied.errors import ConfigError
+    from embodied.train import resolve_bf16
+
+    assert resolve_bf16(True, "cpu") is True and resolve_bf16(False, "cuda") is False
+    assert resolve_bf16("auto", "cuda:0") is True
+    assert isinstance(resolve_bf16("auto", "cpu"), bool)
+    with pytest.raises(ConfigError, match="bf16=maybe"):
+        resolve_bf16("maybe", "cpu")
