@@ -9,6 +9,7 @@ from typing import Callable
 import numpy as np
 
 import sims
+from embodied.data.dataset import discounted_return_to_go
 from policies.base import STATE_KEY
 
 BatchPolicy = Callable[[np.ndarray], np.ndarray]  # [B, obs] -> [B, A]
@@ -70,15 +71,6 @@ def evaluate(env_name: str, policy: BatchPolicy, episodes: int, seed: int, gamma
     return EvalResult(returns=returns, lengths=lengths, successes=successes if spec.has_success else None,
                       normalized=normalized, states=np.concatenate([np.stack(s) for s in traj_states]),
                       actions=np.concatenate([np.stack(a) for a in traj_actions]), mc_returns=np.concatenate(mc))
-
-
-def discounted_return_to_go(rewards: np.ndarray, gamma: float) -> np.ndarray:
-    out = np.zeros_like(rewards, dtype=np.float64)
-    running = 0.0
-    for t in range(len(rewards) - 1, -1, -1):
-        running = rewards[t] + gamma * running
-        out[t] = running
-    return out.astype(np.float32)
 
 
 def record_video(env_name: str, policy: BatchPolicy, path: str | Path, episodes: int = 2, seed: int = 0,

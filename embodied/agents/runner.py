@@ -375,17 +375,14 @@ class Runner:
         torch.set_rng_state(tensors["torch_rng"])
 
     def _switch_structure(self) -> None:
-        """Rebuild the online agent's structure (as the switch did) before loading its weights."""
-        history, end = self.eval_history, self.end_of_offline
-        self._switch_silently()
-        self.eval_history, self.end_of_offline = history, end
-
-    def _switch_silently(self) -> None:
-        logger, self.logger = self.logger, _NullLogger()
+        """Rebuild the online agent's structure (as the switch did) before loading its weights,
+        without logging the switch again or touching the restored history."""
+        history, end, logger = self.eval_history, self.end_of_offline, self.logger
+        self.logger = _NullLogger()
         try:
             self._switch()
         finally:
-            self.logger = logger
+            self.eval_history, self.end_of_offline, self.logger = history, end, logger
 
     def resume_latest(self) -> bool:
         root = self.run_dir / "checkpoints"

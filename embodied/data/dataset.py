@@ -210,19 +210,15 @@ class Dataset:
             raise DatasetError(
                 f"mc_returns got {len(rewards)} rewards for {len(self)} transitions: pass one per transition"
             )
-        out = np.empty(len(self), dtype=np.float64)
-        r = rewards.astype(np.float64).tolist()
+        out = np.empty(len(self), dtype=np.float32)
         for start, stop in zip(*self.episode_bounds()):
             start, stop = int(start), int(stop)
             cut = not bool(self.terminals[stop - 1])
             if cut and sparse_failure_reward is not None and np.all(rewards[start:stop] == sparse_failure_reward):
                 out[start:stop] = sparse_failure_reward / (1.0 - gamma)
-                continue
-            running = 0.0
-            for t in range(stop - 1, start - 1, -1):
-                running = r[t] + gamma * running
-                out[t] = running
-        return out.astype(np.float32)
+            else:
+                out[start:stop] = discounted_return_to_go(rewards[start:stop], gamma)
+        return out
 
     # ----------------------------------------------------------------------------- slicing
     def select_episodes(self, indices) -> Dataset:
@@ -261,3 +257,12 @@ def concat(datasets, metadata: dict | None = None) -> Dataset:
     merged = {k: np.concatenate([p[k] for p in parts]) for k in ARRAY_KEYS}
     return Dataset(**merged, metadata=dict(metadata if metadata is not None else datasets[0].metadata))
 
+
+def discounted_return_to_go(rewards: np.ndarray, gamma: float) -> np.ndarray:
+    """sum_k gamma^k r_{t+k} for every t of one episode (float64 accumulation, float32 out)."""
+    out = np.empty(len(rewards), dtype=np.float64)
+    running = 0.0
+    for t, reward in zip(range(len(rewards) - 1, -1, -1), np.asarray(rewards, np.float64)[::-1].tolist()):
+        running = reward + gamma * running
+        out[t] = running
+    return out.astype(np.float32)
