@@ -79,6 +79,14 @@ def update_flops(num_critics: int, cql_actions: int | None = None, batch: int = 
     return target + critic_step + actor_step
 
 
+def sb3_sac_flops(batch: int = BATCH) -> float:
+    """FLOPs of one Stable-Baselines3 SAC update: ours plus the critic weight gradients that its
+    actor loss computes (SB3 does not freeze the critics there; they are zeroed before the next
+    critic step). Their ratio bounds how much faster ours can be while both are matmul-bound."""
+    critic = _layers(OBS + ACT, 1)
+    return update_flops(2, batch=batch) + 2 * _fwd(critic, batch)
+
+
 # -- contenders: each is a function that runs k updates -------------------------------------------
 def _pool(seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
@@ -243,7 +251,9 @@ def main() -> None:
         print(f"  (RLPD config, 10 critics+LN vs 2 critics {tag}: {measured:.2f} measured / {predicted:.2f} FLOPs "
               f"= {measured / predicted:.2f})")
     print(f"\nFLOPs per update: SAC 2 critics {update_flops(2) / 1e9:.2f} G, 10 critics {update_flops(10) / 1e9:.2f} G, "
-          f"CQL 2 critics n=10 {update_flops(2, 10) / 1e9:.2f} G (predicted 10/2 ratio {predicted:.2f})")
+          f"CQL 2 critics n=10 {update_flops(2, 10) / 1e9:.2f} G (predicted 10/2 ratio {predicted:.2f}); "
+          f"SB3 SAC {sb3_sac_flops() / 1e9:.2f} G, so at equal matmul efficiency ours fp32 / SB3 = "
+          f"{sb3_sac_flops() / update_flops(2):.2f}x")
 
     if not args.quick:
         out = Path(args.out)
@@ -253,7 +263,7 @@ def main() -> None:
             config=dict(batch=BATCH, hidden=HIDDEN, obs_dim=OBS, act_dim=ACT, threads=args.threads, rounds=args.rounds,
                         seconds=args.seconds, clock=args.clock, omp_wait_policy=os.environ.get("OMP_WAIT_POLICY")), torch=torch.__version__, machine=platform.processor() or platform.machine(),
             load_avg=[load_before, os.getloadavg()], rates=rates, median=median, skipped=skipped, goals=goals,
-            flops=dict(sac2=update_flops(2), sac10=update_flops(10), cql2=update_flops(2, 10), predicted_ratio=predicted)),
+            flops=dict(sac2=update_flops(2), sb3_sac=sb3_sac_flops(), sac10=update_flops(10), cql2=update_flops(2, 10), predicted_ratio=predicted)),
             indent=2))
         print(f"wrote {path}")
 
