@@ -1,0 +1,360 @@
+"""The robot contract (DESIGN.md §3): one interface for simulated and real arms.
+
+A `Robot` owns a backend (a MuJoCo process, an SDK connection) and wraps it in three guarantees:
+
+- a lifecycle `disconnected -> connected -> armed -> fault` where only legal transitions happen
+  (anything else raises `RobotStateError`);
+- every command passes the safety chain before the backend sees it: backends implement the private
+  `_command(cmd)`, and the only caller is `Robot.send_action`, after `SafetyChain.filter`;
+- `with robot:` always leaves the arm stopped and disconnected, whatever happened inside.
+
+Action layout (flat float vector, one per control mode; the gripper width is always last):
+    joint_position: [q_target_rad x dof, gripper_width_m]
+    joint_velocity: [qd_target_rad_s x dof, gripper_width_m]
+    ee_delta:       [dx_m, dy_m, dz_m, drx_rad, dry_rad, drz_rad, gripper_width_m]  (base frame)
+Observation keys shared by every driver: `observation.state` (joint positions then gripper width,
+float32), `joint_pos_rad`, `joint_vel_rad_s`, `ee_pos_m`, `ee_quat_wxyz`, `gripper_width_m`,
+`timestamp_s` (time.monotonic() of the reading on the controller's clock).
+"""
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from dataclasses import asdict, dataclass, field, fields
+
+import numpy as np
+
+from embodied.errors import ConfigError, UserError
+
+STATE_KEY = "observation.state"
+
+
+class RobotStateError(UserError):
+    """An operation was asked of the robot in a lifecycle state that does not allow it."""
+
+
+class RobotFault(RuntimeError):
+    """The backend reported an error (SDK exception, protective stop, lost connection)."""
+
+
+class State(str, enum.Enum):
+    DISCONNECTED = "disconnected"
+    CONNECTED = "connected"
+    ARMED = "armed"
+    FAULT = "fault"
+
+
+class ControlMode(str, enum.Enum):
+    JOINT_POSITION = "joint_position"
+    JOINT_VELOCITY = "joint_velocity"
+    EE_DELTA = "ee_delta"
+
+
+# The only legal edges. `fault` is reachable from any connected state (errors, e-stop); leaving it
+# needs an explicit `recover()`; leaving `armed` for `connected` is a hold (watchdog, stop, disarm).
+TRANSITIONS: dict[State, frozenset[State]] = {
+    State.DISCONNECTED: frozenset({State.CONNECTED}),
+    State.CONNECTED: frozenset({State.ARMED, State.FAULT, State.DISCONNECTED}),
+    State.ARMED: frozenset({State.CONNECTED, State.FAULT, State.DISCONNECTED}),
+    State.FAULT: frozenset({State.CONNECTED, State.DISCONNECTED}),
+}
+
+
+@dataclass
+class RobotConfig:
+    """Limits and rates of one arm. Lists are per joint. Units are in the names."""
+
+    name: str = "robot"
+    dof: int = 6
+    control_rate_hz: float = 100.0
+    control_mode: str = "joint_position"
+    joint_pos_min_rad: list = field(default_factory=lambda: [-6.28] * 6)
+    joint_pos_max_rad: list = field(default_factory=lambda: [6.28] * 6)
+    joint_vel_max_rad_s: list = field(default_factory=lambda: [1.0] * 6)
+    joint_acc_max_rad_s2: list = field(default_factory=lambda: [8.0] * 6)
+    max_relative_target_rad: float = 0.05          # per control step, joint position mode
+    ee_step_max_m: float = 0.01                    # per control step, ee_delta mode
+    ee_rot_step_max_rad: float = 0.05
+    workspace_min_m: list = field(default_factory=lambda: [-0.8, -0.8, 0.02])
+    workspace_max_m: list = field(default_factory=lambda: [0.8, 0.8, 1.0])
+    gripper_width_max_m: float = 0.085
+    gripper_force_max_n: float = 40.0
+    gripper_force_n: float = 20.0                  # the force every grasp command asks for
+    home_joint_pos_rad: list = field(default_factory=lambda: [0.0] * 6)
+    watchdog_deadline_ms: float = 500.0
+    # what each safety event does: clip (fix the command and send it), reject (send a hold
+    # instead), fault (stop the arm and enter `fault`). Keys are event kinds, see robots.safety.
+    on_violation: dict = field(default_factory=dict)
+    default_violation: str = "clip"
+    driver: dict = field(default_factory=dict)     # backend options (host, ports, SDK factors)
+    sim: dict = field(default_factory=dict)        # sim-arm options (model, latency, noise)
+
+    def __post_init__(self):
+        self.dof = int(self.dof)
+        for key in ("joint_pos_min_rad", "joint_pos_max_rad", "joint_vel_max_rad_s", "joint_acc_max_rad_s2",
+                    "home_joint_pos_rad"):
+            value = list(getattr(self, key))
+            if len(value) != self.dof:
+                raise ConfigError(f"robot.{key} has {len(value)} entries; give one per joint (dof={self.dof})")
+            setattr(self, key, [float(v) for v in value])
+        for key in ("workspace_min_m", "workspace_max_m"):
+            value = [float(v) for v in getattr(self, key)]
+            if len(value) != 3:
+                raise ConfigError(f"robot.{key} has {len(value)} entries; give x, y, z in metres")
+            setattr(self, key, value)
+        if any(lo >= hi for lo, hi in zip(self.joint_pos_min_rad, self.joint_pos_max_rad)):
+            raise ConfigError("robot.joint_pos_min_rad must be below joint_pos_max_rad for every joint")
+        if any(lo >= hi for lo, hi in zip(self.workspace_min_m, self.workspace_max_m)):
+            raise ConfigError("robot.workspace_min_m must be below workspace_max_m on every axis")
+        if self.control_rate_hz <= 0:
+            raise ConfigError(f"robot.control_rate_hz={self.control_rate_hz} must be positive")
+        if self.control_mode not in {m.value for m in ControlMode}:
+            raise ConfigError(f"robot.control_mode={self.control_mode!r}; use one of "
+                              f"{', '.join(m.value for m in ControlMode)}")
+        if self.watchdog_deadline_ms <= 0:
+            raise ConfigError("robot.watchdog_deadline_ms must be positive")
+        self.on_violation = dict(self.on_violation or {})
+        for kind, policy in {**self.on_violation, "default": self.default_violation}.items():
+            if policy not in ("clip", "reject", "fault"):
+                raise ConfigError(f"robot.on_violation.{kind}={policy!r}; use clip, reject or fault")
+        self.driver, self.sim = dict(self.driver or {}), dict(self.sim or {})
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RobotConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known - {"type"})
+        if unknown:
+            raise ConfigError(f"robot config has unknown keys {unknown}; valid: {sorted(known)}")
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def period_s(self) -> float:
+        return 1.0 / self.control_rate_hz
+
+    @property
+    def mode(self) -> ControlMode:
+        return ControlMode(self.control_mode)
+
+    def action_dim(self, mode: ControlMode | None = None) -> int:
+        mode = mode or self.mode
+        return (6 if mode is ControlMode.EE_DELTA else self.dof) + 1
+
+
+@dataclass
+class Command:
+    """What the safety chain hands to a backend: one mode, limited values, a limited gripper."""
+
+    mode: ControlMode
+    values: np.ndarray          # float64: joint targets (rad), velocities (rad/s) or an ee delta
+    gripper_width_m: float
+    gripper_force_n: float
+    ee_target_m: np.ndarray | None = None   # ee_delta mode: the absolute position the delta aims at
+
+    def as_action(self) -> np.ndarray:
+        return np.append(self.values, self.gripper_width_m).astype(np.float64)
+
+
+class Robot:
+    """Lifecycle, locking, safety and watchdog around a backend. Subclasses implement the `_` hooks."""
+
+    def __init__(self, config: RobotConfig, *, start_watchdog: bool = True):
+        from robots.safety import SafetyChain  # noqa: PLC0415  (safety imports this module)
+
+        self.config = config
+        self.mode = config.mode
+        self.chain = SafetyChain.from_config(config)
+        self._state = State.DISCONNECTED
+        self._lock = threading.RLock()
+        self._estop = threading.Event()
+        self.fault_reason: str | None = None
+        self.events: list[dict] = []        # every state change and watchdog/e-stop event, in order
+        self._last_obs: dict | None = None
+        self._start_watchdog = start_watchdog
+        self.watchdog = None
+        self.watchdog_fired: list[dict] = []  # every watchdog hold of this robot, across connections
+
+    # ------------------------------------------------------------------ backend hooks
+    def _connect(self) -> None: raise NotImplementedError
+    def _disconnect(self) -> None: raise NotImplementedError
+    def _read(self) -> dict: raise NotImplementedError            # raw obs, keys as in the docstring
+    def _command(self, cmd: Command) -> None: raise NotImplementedError
+    def _hold(self) -> None: raise NotImplementedError            # stop moving, keep position
+    def _estop_backend(self) -> None: self._hold()               # hardware stop where the SDK has one
+    def _recover(self) -> None: pass                              # clear SDK errors
+    def _arm(self) -> None: pass                                  # enable motion (SDK modes, servo on)
+    def fk_ee_pos_m(self, q_rad: np.ndarray) -> np.ndarray | None:
+        """End-effector position for joint positions (for the workspace filter); None if unknown."""
+        return None
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def state(self) -> State:
+        return self._state
+
+    def _transition(self, new: State, reason: str = "") -> None:
+        with self._lock:
+            old = self._state
+            if new not in TRANSITIONS[old]:
+                raise RobotStateError(f"robot {self.config.name}: cannot go from {old.value} to {new.value}; "
+                                      f"legal next states: {sorted(s.value for s in TRANSITIONS[old])}")
+            self._state = new
+            self.events.append({"t_s": time.monotonic(), "kind": "state", "from": old.value, "to": new.value,
+                                "reason": reason})
+
+    def connect(self) -> "Robot":
+        with self._lock:
+            if self._state is not State.DISCONNECTED:
+                raise RobotStateError(f"robot {self.config.name} is {self._state.value}; connect() needs disconnected")
+            self._connect()
+            self._estop.clear()
+            self._transition(State.CONNECTED, "connect")
+            self.chain.reset()
+        if self._start_watchdog:
+            from robots.watchdog import Watchdog  # noqa: PLC0415
+
+            self.watchdog = Watchdog(self, self.config.watchdog_deadline_ms)
+            self.watchdog.fired = self.watchdog_fired
+            self.watchdog.start()
+        return self
+
+    def arm(self) -> None:
+        """Enable commands. Needed after connect, after every watchdog hold and after recover()."""
+        with self._lock:
+            if self._estop.is_set():
+                raise RobotStateError(f"robot {self.config.name} is e-stopped; call recover() first")
+            if self._state is not State.CONNECTED:
+                raise RobotStateError(f"robot {self.config.name} is {self._state.value}; arm() needs connected")
+            self._arm()
+            obs = self.observe()
+            self.chain.reset(obs)
+            self._transition(State.ARMED, "arm")
+            if self.watchdog is not None:
+                self.watchdog.kick()
+
+    def disarm(self, reason: str = "disarm") -> None:
+        self.hold(reason)
+
+    def hold(self, reason: str = "hold") -> None:
+        """Stop moving and keep position; commands need a new arm()."""
+        with self._lock:
+            if self._state is State.ARMED:
+                self._hold()
+                self._transition(State.CONNECTED, reason)
+
+    def stop(self) -> None:
+        """Stop the arm now in any connected state (hold if armed, backend stop otherwise)."""
+        with self._lock:
+            if self._state is State.ARMED:
+                self.hold("stop")
+            elif self._state in (State.CONNECTED, State.FAULT):
+                try:
+                    self._hold()
+                except Exception as err:  # noqa: BLE001  a stop must not raise on a broken link
+                    self.events.append({"t_s": time.monotonic(), "kind": "stop_error", "reason": str(err)})
+
+    def estop(self, reason: str = "estop") -> None:
+        """Emergency stop. Safe from any thread; does not need the policy (or anything else) alive."""
+        self._estop.set()  # first: any command racing with us is refused
+        with self._lock:
+            t = time.monotonic()
+            try:
+                if self._state is not State.DISCONNECTED:
+                    self._estop_backend()
+            finally:
+                self.events.append({"t_s": t, "kind": "estop", "reason": reason})
+                if self._state in (State.CONNECTED, State.ARMED):
+                    self._transition(State.FAULT, reason)
+                    self.fault_reason = reason
+
+    def fault(self, reason: str) -> None:
+        with self._lock:
+            try:
+                if self._state is not State.DISCONNECTED:
+                    self._hold()
+            except Exception:  # noqa: BLE001
+                pass
+            if self._state in (State.CONNECTED, State.ARMED):
+                self._transition(State.FAULT, reason)
+            self.fault_reason = reason
+
+    def recover(self) -> None:
+        """Leave `fault` (clear SDK errors, release the e-stop latch); arm() is still needed."""
+        with self._lock:
+            if self._state is not State.FAULT:
+                raise RobotStateError(f"robot {self.config.name} is {self._state.value}; recover() needs fault")
+            self._recover()
+            self._estop.clear()
+            self.fault_reason = None
+            self._transition(State.CONNECTED, "recover")
+
+    def disconnect(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
+            self.watchdog = None
+        with self._lock:
+            if self._state is State.DISCONNECTED:
+                return
+            try:
+                self._hold()
+            except Exception:  # noqa: BLE001  the link may already be gone
+                pass
+            try:
+                self._disconnect()
+            finally:
+                self._transition(State.DISCONNECTED, "disconnect")
+
+    def __enter__(self) -> "Robot":
+        if self._state is State.DISCONNECTED:
+            self.connect()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.stop()
+        finally:
+            self.disconnect()
+
+    # ------------------------------------------------------------------ data path
+    def observe(self) -> dict:
+        with self._lock:
+            if self._state is State.DISCONNECTED:
+                raise RobotStateError(f"robot {self.config.name} is disconnected; call connect() first")
+            try:
+                obs = self._read()
+            except RobotFault as err:
+                self.fault(f"read failed: {err}")
+                raise
+            self._last_obs = obs
+            return obs
+
+    def send_action(self, action) -> np.ndarray | None:
+        """Filter `action` through the safety chain and send the result.
+
+        Returns the action actually sent (the filtered command, or the hold command sent instead of
+        a rejected one), or None when nothing could be sent (not armed, e-stopped, faulted).
+        """
+        if self._estop.is_set():
+            self.chain.count_refused("estopped")
+            return None
+        with self._lock:
+            if self._state is not State.ARMED or self._estop.is_set():
+                self.chain.count_refused("not_armed")
+                return None
+            obs = self._last_obs if self._last_obs is not None else self.observe()
+            result = self.chain.filter(action, obs, self.mode, fk=self.fk_ee_pos_m)
+            if result.fault:
+                self.fault(f"safety: {result.fault}")
+                return None
+            try:
+                self._command(result.command)
+            except RobotFault as err:
+                self.fault(f"command failed: {err}")
+                return None
+            self.chain.commit(result.command)
+            if result.accepted and self.watchdog is not None:
+                self.watchdog.kick()  # only a valid command resets the deadline
+            return result.command.as_action()

@@ -1,0 +1,330 @@
+"""Run a trained policy on a robot: `python -m robots.deploy robot=... policy=CKPT` (Hydra).
+
+    python -m robots.deploy robot=sim_ur5e policy=runs/.../policy            # the simulated arm
+    python -m robots.deploy robot=ur5e policy=CKPT dry_run=true              # UR5e limits, sim arm
+    python -m robots.deploy robot=franka_sim policy=CKPT executor=temporal_ensemble
+
+The control loop runs at the robot's `control_rate_hz` and never waits for the policy: observations go
+to a policy server (a separate process, or `policy_server=tcp://host:port` on a GPU machine) and action
+chunks come back asynchronously into a chunk executor (open-loop, ACT temporal ensembling, or blending;
+delay is measured in actions consumed). Every command passes the robot's safety chain; the watchdog
+holds the arm when no valid command goes out for `watchdog_deadline_ms`. Episodes are recorded in the
+toolkit's D4RL-layout HDF5 (observations, actions actually sent; rewards 0 because a robot has no
+reward), with per-step safety events, timing and chunk delays under `infos/`, so the file feeds
+offline -> online training. Ctrl-C or any error stops the arm before the process exits.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import hydra
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from embodied.errors import ConfigError, UserError, exit_on_user_error
+
+CONF_DIR = Path(__file__).parent / "conf"
+log = logging.getLogger("robots.deploy")
+
+
+class Pacer:
+    """Absolute-schedule loop timing: sleep most of the period, spin the last `spin_s` for precision."""
+
+    def __init__(self, period_s: float, spin_s: float = 0.0005):
+        self.period_s, self.spin_s = period_s, spin_s
+        self.next_t = time.perf_counter()
+        self.lateness_s: list[float] = []
+
+    def wait(self) -> None:
+        self.next_t += self.period_s
+        remaining = self.next_t - time.perf_counter()
+        if remaining > self.spin_s:
+            time.sleep(remaining - self.spin_s)
+        while time.perf_counter() < self.next_t:
+            pass
+        late = time.perf_counter() - self.next_t
+        self.lateness_s.append(late)
+        if late > self.period_s:  # fell a whole period behind: start a new schedule, do not burst
+            self.next_t = time.perf_counter()
+
+
+def jitter_stats(lateness_s) -> dict:
+    arr = np.abs(np.asarray(lateness_s, np.float64)) * 1e3
+    if not len(arr):
+        return {"p50_ms": None, "p99_ms": None, "max_ms": None}
+    return {"p50_ms": float(np.percentile(arr, 50)), "p99_ms": float(np.percentile(arr, 99)),
+            "max_ms": float(arr.max())}
+
+
+def _executor(cfg):
+    from policies import executors
+
+    kwargs = {k: v for k, v in OmegaConf.to_container(cfg.executor, resolve=True).items() if k != "name"}
+    return executors.make(cfg.executor.name, **kwargs)
+
+
+def _robot_dict(cfg) -> dict:
+    return OmegaConf.to_container(cfg.robot, resolve=True) if isinstance(cfg.robot, DictConfig) else dict(cfg.robot)
+
+
+def _server_args(cfg, rcfg) -> list[str]:
+    am = cfg.action_map
+    return ["--action-map", str(am.kind), "--mode", rcfg.control_mode, "--dof", str(rcfg.dof),
+            "--delta-scale-rad", str(am.delta_scale_rad), "--gripper-max-m", str(rcfg.gripper_width_max_m),
+            "--repeat", str(cfg.repeat), "--extra-latency-ms", str(cfg.policy_extra_latency_ms),
+            "--device", str(cfg.device)]
+
+
+def run(cfg: DictConfig, out_dir: Path, on_step=None) -> dict:
+    """Deploy and record. `on_step(step, robot, context)` is a hook for tests and benchmarks."""
+    import robots
+    from robots.base import RobotConfig, RobotFault, State
+    from robots.client import LocalPolicyServer, PolicyClient
+
+    if not cfg.policy:
+        raise ConfigError("policy is not set; pass policy=<directory written by Policy.save()>")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    robot_dict = _robot_dict(cfg)
+    robot_type = robot_dict.get("type")
+    rcfg = RobotConfig.from_dict({k: v for k, v in robot_dict.items() if k != "type"})
+    if cfg.dry_run and rcfg.dof != 6:
+        raise ConfigError(f"dry_run needs a 6-joint config for the UR5e sim arm; robot {rcfg.name} has "
+                          f"{rcfg.dof} (use robot=franka_sim for a simulated Franka)")
+    executor = _executor(cfg)
+    period = rcfg.period_s
+    steps_per_episode = int(round(cfg.episode_s * rcfg.control_rate_hz))
+    episodes, lateness, status = [], [], "ok"
+    server = client = robot = None
+    t_start = time.monotonic()
+    try:  # everything from here on is undone in `finally`, whatever interrupts it (Ctrl-C included)
+        if cfg.policy_server == "local":
+            if not Path(str(cfg.policy)).is_dir():
+                raise ConfigError(f"policy={cfg.policy} is not a directory; pass one written by Policy.save()")
+            server = LocalPolicyServer(cfg.policy, args=_server_args(cfg, rcfg))
+            address, token = server.address, server.token
+        else:
+            import os
+
+            address, token = str(cfg.policy_server), os.environ.get("EMBODIED_POLICY_TOKEN")
+        client = PolicyClient(address, token=token, max_age_ms=cfg.max_chunk_age_ms)
+        robot = robots.make(robot_dict, dry_run=bool(cfg.dry_run))
+        context = {"server": server, "client": client, "executor": executor}
+        with robot, _realtime(int(cfg.rt_priority)):
+            print(f"deploying {cfg.policy} on {rcfg.name}{' (dry run)' if cfg.dry_run else ''} at "
+                  f"{rcfg.control_rate_hz:g} Hz; Ctrl-C stops the arm", flush=True)
+            for ep in range(int(cfg.episodes)):
+                rec = _Recorder(ep)
+                robot.arm()
+                executor.reset()
+                client.new_epoch()
+                pacer = Pacer(period, cfg.spin_ms / 1e3)
+                rec.t_start = time.perf_counter()
+                step = 0
+                try:
+                    while step < steps_per_episode:
+                        obs = robot.observe()
+                        if robot.state is not State.ARMED:
+                            rec.end_reason = f"robot {robot.state.value}: " + _last_reason(robot)
+                            break
+                        if executor.wants_chunk(step) and len(client.in_flight) < cfg.max_in_flight:
+                            client.request(obs, step)
+                        for reply in client.poll():
+                            accepted = executor.push(reply.chunk, reply.obs_step)
+                            rec.chunks.append((step, reply.obs_step, reply.round_trip_ms, accepted))
+                        action = executor.next_action(step)
+                        n_events = len(robot.chain.log)
+                        sent = robot.send_action(action) if action is not None else None
+                        if sent is not None:
+                            rec.add(obs, sent, step, time.monotonic(), executor.last_delay_steps,
+                                    robot.chain.log[n_events:])
+                        if on_step is not None:
+                            on_step(step, robot, context)
+                        step += 1
+                        pacer.wait()
+                finally:
+                    rec.steps, rec.t_end = step, time.perf_counter()
+                    lateness.extend(pacer.lateness_s)
+                    if robot.state is State.ARMED:
+                        robot.hold("episode end")
+                    try:
+                        time.sleep(2 * period)  # let the hold reach the arm before the last reading
+                        rec.final_obs = robot.observe()
+                    except Exception:  # noqa: BLE001
+                        pass
+                    if hasattr(robot, "server_state"):  # the sim arm's own view (hold time, drops, overruns)
+                        rec.sim = {k: v for k, v in robot.server_state().items() if k not in (
+                            "joint_pos_rad", "joint_vel_rad_s", "ee_pos_m", "ee_quat_wxyz", "target_rad", "op")}
+                    episodes.append(rec)
+                if robot.state is State.FAULT:
+                    status = f"fault: {robot.fault_reason}"
+                    break
+    except KeyboardInterrupt:
+        status = "interrupted (Ctrl-C): arm stopped"
+    except RobotFault as err:  # the robot already went to `fault` and stopped; record why
+        status = f"fault: {err}"
+    finally:
+        if robot is not None and robot.state.value != "disconnected":
+            robot.__exit__(None, None, None)  # stop, then disconnect
+        if client is not None:
+            client.close()
+        if server is not None:
+            server.stop()
+    summary = {"robot": rcfg.name, "robot_type": "sim" if cfg.dry_run else robot_type, "dry_run": bool(cfg.dry_run),
+               "policy": str(cfg.policy), "executor": cfg.executor.name, "control_rate_hz": rcfg.control_rate_hz,
+               "status": status, "episodes": len(episodes), "steps": sum(e.steps for e in episodes),
+               "actions_sent": sum(len(e.actions) for e in episodes), "achieved_rate_hz": _achieved_rate(episodes),
+               "loop_jitter": jitter_stats(lateness), "wall_s": time.monotonic() - t_start,
+               "safety": robot.chain.summary() if robot else {},
+               "events": [e for e in robot.events if e["kind"] != "state"][:100] if robot else [],
+               "end_reasons": [e.end_reason for e in episodes], "client": dict(client.stats) if client else {},
+               "watchdog_fired": list(robot.watchdog_fired) if robot else [],
+               "sim_arm": [e.sim for e in episodes if e.sim]}
+    delays = [d for e in episodes for d in e.delay_steps]
+    summary["chunk_delay_steps"] = {"mean": float(np.mean(delays)) if delays else None,
+                                    "max": int(max(delays)) if delays else None}
+    if cfg.record and any(len(e.actions) for e in episodes):
+        summary["dataset"] = str(_save(episodes, out_dir / cfg.record_file, rcfg, cfg, summary))
+    (out_dir / "deploy_summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary
+
+
+class _realtime:
+    """SCHED_FIFO at `priority` for the control-loop thread (0: leave the scheduler alone), as real-robot
+    controllers run; restored on exit. Needs CAP_SYS_NICE; without it the loop runs unprioritised."""
+
+    def __init__(self, priority: int):
+        self.priority, self.previous = priority, None
+
+    def __enter__(self):
+        import os
+
+        if self.priority > 0:
+            try:
+                self.previous = (os.sched_getscheduler(0), os.sched_getparam(0))
+                os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(self.priority))
+            except (PermissionError, OSError, AttributeError) as err:
+                self.previous = None
+                print(f"warning: rt_priority={self.priority} not applied ({err}); running unprioritised",
+                      file=sys.stderr, flush=True)
+        return self
+
+    def __exit__(self, *exc):
+        import os
+
+        if self.previous is not None:
+            os.sched_setscheduler(0, *self.previous)
+
+
+def _last_reason(robot) -> str:
+    for event in reversed(robot.events):
+        if event.get("reason"):
+            return str(event["reason"])
+    return ""
+
+
+def _achieved_rate(episodes) -> float:
+    """Control steps per second of loop time (steps without an action to send still count)."""
+    steps = sum(e.steps for e in episodes)
+    span = sum(e.t_end - e.t_start for e in episodes)
+    return float(steps / span) if span > 0 else 0.0
+
+
+class _Recorder:
+    def __init__(self, index: int):
+        self.index = index
+        self.obs, self.actions, self.t, self.step_ids, self.delay_steps, self.events = [], [], [], [], [], []
+        self.chunks: list = []
+        self.final_obs = None
+        self.sim: dict = {}
+        self.t_start = self.t_end = 0.0
+        self.end_reason = "time limit"
+        self.steps = 0
+
+    def add(self, obs, sent, step, t, delay, events):
+        self.obs.append(np.asarray(obs["observation.state"], np.float32))
+        self.actions.append(np.asarray(sent, np.float32))
+        self.t.append(t)
+        self.step_ids.append(step)
+        self.delay_steps.append(delay)
+        self.events.append(events)
+
+
+def _save(episodes, path: Path, rcfg, cfg, summary) -> Path:
+    """D4RL-layout HDF5 via the toolkit's writer, then `infos/*` per-step arrays added to the same file."""
+    import h5py
+
+    from embodied.data.d4rl import save_hdf5
+    from embodied.data.dataset import Dataset, Episode
+
+    eps, infos = [], {"t_s": [], "step": [], "episode": [], "chunk_delay_steps": [], "safety_clips": [],
+                      "safety_rejects": [], "safety_events": []}
+    for rec in episodes:
+        if not rec.actions:
+            continue
+        final = rec.final_obs["observation.state"] if rec.final_obs is not None else rec.obs[-1]
+        obs = np.stack(rec.obs + [np.asarray(final, np.float32)])
+        eps.append(Episode(observations=obs, actions=np.stack(rec.actions), rewards=np.zeros(len(rec.actions)),
+                           terminated=False, truncated=True))
+        infos["t_s"] += rec.t
+        infos["step"] += rec.step_ids
+        infos["episode"] += [rec.index] * len(rec.actions)
+        infos["chunk_delay_steps"] += rec.delay_steps
+        for events in rec.events:
+            infos["safety_clips"].append(sum(e["outcome"] == "clip" for e in events))
+            infos["safety_rejects"].append(sum(e["outcome"] == "reject" for e in events))
+            infos["safety_events"].append(json.dumps([f"{e['kind']}/{e['outcome']}" for e in events]))
+    metadata = {"source": "robots.deploy", "robot": rcfg.to_dict(), "policy": str(cfg.policy),
+                "executor": OmegaConf.to_container(cfg.executor, resolve=True), "dry_run": bool(cfg.dry_run),
+                "rewards": "0: unlabelled robot data; relabel before RL", "safety": summary["safety"],
+                "status": summary["status"], "end_reasons": summary["end_reasons"],
+                "observation": "joint_pos_rad then gripper_width_m", "action": f"{rcfg.control_mode} robot units"}
+    ds = Dataset.from_episodes(eps, metadata=metadata)
+    save_hdf5(ds, path)
+    with h5py.File(path, "a") as f:
+        group = f.create_group("infos")
+        for key, values in infos.items():
+            if key == "safety_events":
+                group.create_dataset(key, data=np.array(values, dtype=object), dtype=h5py.string_dtype())
+            else:
+                group.create_dataset(key, data=np.asarray(values))
+    return path
+
+
+@hydra.main(config_path="conf", config_name="deploy", version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        summary = run(cfg, Path(HydraConfig.get().runtime.output_dir))
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    j = summary["loop_jitter"]
+    print(f"{summary['robot']} ({'dry run' if summary['dry_run'] else summary['robot_type']}): "
+          f"{summary['actions_sent']} actions in {summary['steps']} steps, {summary['achieved_rate_hz']:.1f} Hz, "
+          f"jitter p50 {j['p50_ms']} ms p99 {j['p99_ms']} ms; status {summary['status']}; "
+          f"safety {summary['safety']['by_outcome']}; dataset {summary.get('dataset')}", flush=True)
+
+
+def check_robot_override(argv: list[str]) -> None:
+    import robots
+
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and key == "robot" and value not in robots.names():
+            raise ConfigError(f"robot={value} is not a valid choice; valid: {', '.join(robots.names())}")
+
+
+@exit_on_user_error
+def main() -> None:
+    check_robot_override(sys.argv[1:])
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Real-arm drivers; each imports its SDK (an optional extra) only when used."""

@@ -1,0 +1,470 @@
+"""The safety chain: composable filters that every command passes before a backend sees it.
+
+Each filter takes a `Command` and a `Context` (where the arm is, what was last sent) and returns the
+adjusted command plus `SafetyEvent`s. A per-kind policy decides what an event does:
+
+- `clip`: keep the adjusted command (the filter already moved it inside the limit);
+- `reject`: send a hold command instead (decelerate at the acceleration limit towards rest);
+- `fault`: send nothing, the robot stops and enters `fault`.
+
+The guard (NaN/Inf, shape, dtype) cannot repair a command, so its `clip` means `reject`.
+After the filters, `final_check` re-verifies every hard limit on the command that will be sent; a
+failure there is a bug in a filter and faults the robot instead of reaching the backend.
+
+Joint velocity limits include a braking bound: near a position limit the allowed speed towards it is
+the largest speed that the acceleration limit can still stop, discretely, before the limit
+(v <= sqrt(2 a d + (a dt / 2)^2) - a dt / 2), so velocity, acceleration and position limits never
+contradict each other in joint modes. The workspace box is a hard wall: a step that would cross it is
+shortened, which may stop faster than the acceleration limit (counted as `workspace`).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+
+from robots.base import Command, ControlMode, RobotConfig
+
+TOL = 1e-9
+GUARD_KINDS = ("dtype", "shape", "non_finite")
+
+
+@dataclass
+class SafetyEvent:
+    kind: str           # dtype, shape, non_finite, relative_target, joint_limit, velocity, acceleration,
+    filter: str         # workspace, ee_step, gripper_width, gripper_force, final_check, not_armed, estopped
+    detail: str
+    outcome: str = ""   # clip | reject | fault, filled in by the chain's policy
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "filter": self.filter, "detail": self.detail, "outcome": self.outcome}
+
+
+@dataclass
+class Context:
+    """What the filters know: the limits, the measured state, and the last command sent."""
+
+    config: RobotConfig
+    mode: ControlMode
+    dt_s: float
+    q_rad: np.ndarray                  # measured joint positions
+    ee_pos_m: np.ndarray | None        # measured end-effector position
+    ref_pos_rad: np.ndarray            # joint modes: the position the last command led to
+    ref_vel_rad_s: np.ndarray          # joint modes: the velocity the last command asked for
+    ref_ee_m: np.ndarray | None = None  # ee_delta: the last commanded end-effector position
+    gripper_width_m: float | None = None  # measured
+    fk: Callable[[np.ndarray], np.ndarray | None] | None = None
+    lo: np.ndarray = field(init=False)
+    hi: np.ndarray = field(init=False)
+    vmax: np.ndarray = field(init=False)
+    amax: np.ndarray = field(init=False)
+
+    def __post_init__(self):
+        c = self.config
+        self.lo, self.hi = np.asarray(c.joint_pos_min_rad), np.asarray(c.joint_pos_max_rad)
+        self.vmax, self.amax = np.asarray(c.joint_vel_max_rad_s), np.asarray(c.joint_acc_max_rad_s2)
+
+    def ee_base(self) -> np.ndarray | None:
+        """ee_delta steps add to the last commanded position (like joint targets), else the measured one."""
+        return self.ref_ee_m if self.ref_ee_m is not None else self.ee_pos_m
+
+    def position_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """The joint limits, widened to the reference where the arm starts outside them (no jump back)."""
+        return np.minimum(self.lo, self.ref_pos_rad), np.maximum(self.hi, self.ref_pos_rad)
+
+    def velocity_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per joint (min, max) velocity: the speed limit, narrowed by the discrete braking bound."""
+        a, dt = self.amax, self.dt_s
+        room_up = np.maximum(self.hi - self.ref_pos_rad, 0.0)
+        room_down = np.maximum(self.ref_pos_rad - self.lo, 0.0)
+        brake_up = np.sqrt(2 * a * room_up + (a * dt / 2) ** 2) - a * dt / 2
+        brake_down = np.sqrt(2 * a * room_down + (a * dt / 2) ** 2) - a * dt / 2
+        return -np.minimum(self.vmax, brake_down), np.minimum(self.vmax, brake_up)
+
+
+class Filter(Protocol):
+    name: str
+
+    def __call__(self, cmd: Command, ctx: Context) -> tuple[Command, list[SafetyEvent]]: ...
+
+
+def _clip(x: np.ndarray, lo, hi) -> tuple[np.ndarray, bool]:
+    y = np.clip(x, lo, hi)
+    return y, bool(np.any(np.abs(y - x) > TOL))
+
+
+# ---------------------------------------------------------------------- filters
+class RelativeTargetFilter:
+    """Joint position mode: each target is at most `max_relative_target_rad` from the last one."""
+
+    name = "relative_target"
+
+    def __call__(self, cmd, ctx):
+        if cmd.mode is not ControlMode.JOINT_POSITION:
+            return cmd, []
+        step = ctx.config.max_relative_target_rad
+        delta, hit = _clip(cmd.values - ctx.ref_pos_rad, -step, step)
+        if not hit:
+            return cmd, []
+        cmd.values = ctx.ref_pos_rad + delta
+        return cmd, [SafetyEvent("relative_target", self.name, f"step clipped to {step} rad")]
+
+
+class JointVelocityFilter:
+    """Joint modes: speed within the limit and within what can still brake before a joint limit."""
+
+    name = "joint_velocity"
+
+    def __call__(self, cmd, ctx):
+        if cmd.mode is ControlMode.EE_DELTA:
+            return cmd, []
+        vel = _velocity_of(cmd, ctx)
+        lo, hi = ctx.velocity_bounds()
+        clipped, hit = _clip(vel, lo, hi)
+        if not hit:
+            return cmd, []
+        _set_velocity(cmd, ctx, clipped)
+        return cmd, [SafetyEvent("velocity", self.name, f"max |v| {np.abs(vel).max():.3g} rad/s over limit")]
+
+
+class JointAccelerationFilter:
+    """Joint modes: velocity changes by at most `joint_acc_max_rad_s2 * dt` per step."""
+
+    name = "joint_acceleration"
+
+    def __call__(self, cmd, ctx):
+        if cmd.mode is ControlMode.EE_DELTA:
+            return cmd, []
+        vel = _velocity_of(cmd, ctx)
+        dv = ctx.amax * ctx.dt_s
+        clipped, hit = _clip(vel, ctx.ref_vel_rad_s - dv, ctx.ref_vel_rad_s + dv)
+        if not hit:
+            return cmd, []
+        _set_velocity(cmd, ctx, clipped)
+        return cmd, [SafetyEvent("acceleration", self.name, "velocity change clipped to the acceleration limit")]
+
+
+class JointLimitFilter:
+    """Joint modes: the position the command leads to stays inside the joint limits."""
+
+    name = "joint_limit"
+
+    def __call__(self, cmd, ctx):
+        if cmd.mode is ControlMode.EE_DELTA:
+            return cmd, []
+        target = _target_of(cmd, ctx)
+        lo, hi = ctx.position_bounds()
+        clipped, hit = _clip(target, lo, hi)
+        if not hit:
+            return cmd, []
+        _set_velocity(cmd, ctx, (clipped - ctx.ref_pos_rad) / ctx.dt_s)
+        return cmd, [SafetyEvent("joint_limit", self.name, "target clipped to the joint limits")]
+
+
+class EEStepFilter:
+    """ee_delta mode: translation and rotation per step within `ee_step_max_m` / `ee_rot_step_max_rad`."""
+
+    name = "ee_step"
+
+    def __call__(self, cmd, ctx):
+        if cmd.mode is not ControlMode.EE_DELTA:
+            return cmd, []
+        events = []
+        for sl, limit, unit in ((slice(0, 3), ctx.config.ee_step_max_m, "m"),
+                                (slice(3, 6), ctx.config.ee_rot_step_max_rad, "rad")):
+            part = cmd.values[sl]
+            peak = float(np.max(np.abs(part)))
+            norm = peak * float(np.linalg.norm(part / peak)) if peak > 0 else 0.0  # no overflow at 1e300
+            if norm > limit + TOL:
+                cmd.values[sl] *= limit / norm
+                events.append(SafetyEvent("ee_step", self.name, f"step norm {norm:.3g} {unit} over {limit}"))
+        return cmd, events
+
+
+class WorkspaceFilter:
+    """The end effector stays inside an axis-aligned box (metres, base frame).
+
+    ee_delta: the target is clipped into the box. Joint modes (when the backend has forward
+    kinematics): the step is shortened by bisection to the last point inside the box; from outside the
+    box only steps that bring the end effector closer are allowed.
+    """
+
+    name = "workspace"
+
+    def __call__(self, cmd, ctx):
+        lo, hi = np.asarray(ctx.config.workspace_min_m), np.asarray(ctx.config.workspace_max_m)
+        if cmd.mode is ControlMode.EE_DELTA:
+            base = ctx.ee_base()
+            if base is None:
+                return cmd, []
+            target = base + cmd.values[:3]
+            clipped = np.clip(target, lo, hi)
+            if _box_distance(base, lo, hi) > 0:  # outside: only a step straight towards the box
+                towards = np.clip(base, lo, hi) - base
+                norm = np.linalg.norm(towards)
+                clipped = base + towards * min(1.0, ctx.config.ee_step_max_m / norm)
+            cmd.ee_target_m = clipped
+            if np.any(np.abs(clipped - target) > TOL):
+                cmd.values[:3] = clipped - base
+                return cmd, [SafetyEvent("workspace", self.name, "ee target clipped into the workspace box")]
+            return cmd, []
+        if ctx.fk is None:
+            return cmd, []
+        target = _target_of(cmd, ctx)
+        p_new = ctx.fk(target)
+        if p_new is None or _box_distance(p_new, lo, hi) <= 0:
+            return cmd, []
+        start = ctx.ref_pos_rad
+        d_start = _box_distance(ctx.fk(start), lo, hi)
+        if d_start > 0:  # already outside: allow only steps that approach the box
+            if _box_distance(p_new, lo, hi) < d_start:
+                return cmd, []
+            alpha = 0.0
+        else:
+            good, bad = 0.0, 1.0
+            for _ in range(20):
+                mid = 0.5 * (good + bad)
+                if _box_distance(ctx.fk(start + mid * (target - start)), lo, hi) <= 0:
+                    good = mid
+                else:
+                    bad = mid
+            alpha = good
+        _set_velocity(cmd, ctx, alpha * (target - start) / ctx.dt_s)
+        return cmd, [SafetyEvent("workspace", self.name, f"step shortened to {alpha:.2f} at the workspace box")]
+
+
+class GripperFilter:
+    """Gripper width in [0, gripper_width_max_m], force in [0, gripper_force_max_n]."""
+
+    name = "gripper"
+
+    def __call__(self, cmd, ctx):
+        events = []
+        width = float(np.clip(cmd.gripper_width_m, 0.0, ctx.config.gripper_width_max_m))
+        if abs(width - cmd.gripper_width_m) > TOL:
+            events.append(SafetyEvent("gripper_width", self.name, f"width {cmd.gripper_width_m:.3g} m clipped"))
+        force = float(np.clip(cmd.gripper_force_n, 0.0, ctx.config.gripper_force_max_n))
+        if abs(force - cmd.gripper_force_n) > TOL:
+            events.append(SafetyEvent("gripper_force", self.name, f"force {cmd.gripper_force_n:.3g} N clipped"))
+        cmd.gripper_width_m, cmd.gripper_force_n = width, force
+        return cmd, events
+
+
+def _box_distance(p, lo, hi) -> float:
+    return float(np.linalg.norm(np.maximum(lo - p, 0) + np.maximum(p - hi, 0)))
+
+
+def _velocity_of(cmd: Command, ctx: Context) -> np.ndarray:
+    if cmd.mode is ControlMode.JOINT_VELOCITY:
+        return cmd.values.copy()
+    return (cmd.values - ctx.ref_pos_rad) / ctx.dt_s
+
+
+def _target_of(cmd: Command, ctx: Context) -> np.ndarray:
+    if cmd.mode is ControlMode.JOINT_VELOCITY:
+        return ctx.ref_pos_rad + cmd.values * ctx.dt_s
+    return cmd.values.copy()
+
+
+def _set_velocity(cmd: Command, ctx: Context, vel: np.ndarray) -> None:
+    cmd.values = vel.copy() if cmd.mode is ControlMode.JOINT_VELOCITY else ctx.ref_pos_rad + vel * ctx.dt_s
+
+
+DEFAULT_FILTERS = (RelativeTargetFilter, JointVelocityFilter, JointAccelerationFilter, JointLimitFilter,
+                   EEStepFilter, WorkspaceFilter, GripperFilter)
+
+
+@dataclass
+class FilterResult:
+    command: Command | None         # what will be sent (the hold command when rejected)
+    events: list[SafetyEvent]
+    accepted: bool                  # the caller's command (possibly clipped) is what is sent
+    fault: str | None = None
+
+
+class SafetyChain:
+    """Guard + filters + policy + final check. Counts every event by (kind, outcome)."""
+
+    def __init__(self, config: RobotConfig, filters=None, max_log: int = 10_000):
+        self.config = config
+        self.filters: list = [f() for f in DEFAULT_FILTERS] if filters is None else list(filters)
+        self.counts: Counter = Counter()
+        self.log: list[dict] = []
+        self.max_log = max_log
+        self.commands = 0
+        self.reset()
+
+    @classmethod
+    def from_config(cls, config: RobotConfig) -> "SafetyChain":
+        return cls(config)
+
+    def reset(self, obs: dict | None = None) -> None:
+        """Start from the measured state (on arm): at rest where the arm is."""
+        q = None if obs is None else np.asarray(obs["joint_pos_rad"], np.float64)
+        self.ref_pos = q if q is not None else np.asarray(self.config.home_joint_pos_rad, np.float64)
+        self.ref_vel = np.zeros(self.config.dof)
+        self._last_width: float | None = None
+        ee = None if obs is None else obs.get("ee_pos_m")
+        self.ref_ee = None if ee is None else np.asarray(ee, np.float64)
+
+    def policy(self, kind: str) -> str:
+        policy = self.config.on_violation.get(kind, self.config.default_violation)
+        return "reject" if kind in GUARD_KINDS and policy == "clip" else policy
+
+    def count_refused(self, kind: str) -> None:
+        self._record([SafetyEvent(kind, "lifecycle", "command refused", "reject")])
+
+    def _record(self, events: list[SafetyEvent]) -> None:
+        for ev in events:
+            self.counts[(ev.kind, ev.outcome)] += 1
+            if len(self.log) < self.max_log:
+                self.log.append(ev.to_dict())
+
+    def summary(self) -> dict:
+        by_outcome = Counter()
+        for (_, outcome), n in self.counts.items():
+            by_outcome[outcome] += n
+        return {"commands": self.commands, "by_outcome": dict(by_outcome),
+                "by_kind": {f"{k}/{o}": n for (k, o), n in sorted(self.counts.items())}}
+
+    # ------------------------------------------------------------------ the data path
+    def guard(self, action, mode: ControlMode) -> tuple[np.ndarray | None, list[SafetyEvent]]:
+        """Raw input -> float64 vector of the mode's length, or None with the reason."""
+        try:
+            arr = np.asarray(action)
+        except Exception as err:  # noqa: BLE001  ragged lists, odd objects
+            return None, [SafetyEvent("dtype", "guard", f"not an array ({type(err).__name__})")]
+        if arr.dtype.kind not in "iuf":
+            return None, [SafetyEvent("dtype", "guard", f"dtype {arr.dtype} is not a real number type")]
+        want = self.config.action_dim(mode)
+        if arr.shape != (want,):
+            return None, [SafetyEvent("shape", "guard", f"shape {arr.shape}, want ({want},)")]
+        with np.errstate(over="ignore", invalid="ignore"):
+            arr = arr.astype(np.float64)
+        if not np.all(np.isfinite(arr)):
+            return None, [SafetyEvent("non_finite", "guard", "NaN or Inf in the command")]
+        return arr, []
+
+    def context(self, obs: dict, mode: ControlMode, fk=None) -> Context:
+        ee = obs.get("ee_pos_m")
+        return Context(self.config, mode, self.config.period_s, np.asarray(obs["joint_pos_rad"], np.float64),
+                       None if ee is None else np.asarray(ee, np.float64), self.ref_pos.copy(),
+                       self.ref_vel.copy(), None if self.ref_ee is None else self.ref_ee.copy(),
+                       None if obs.get("gripper_width_m") is None else float(obs["gripper_width_m"]), fk=fk)
+
+    def filter(self, action, obs: dict, mode: ControlMode, fk=None) -> FilterResult:
+        self.commands += 1
+        ctx = self.context(obs, mode, fk)
+        values, events = self.guard(action, mode)
+        cmd = None
+        if values is not None:
+            cmd = Command(mode, values[:-1].copy(), float(values[-1]), float(self.config.gripper_force_n))
+            for f in self.filters:
+                cmd, new = f(cmd, ctx)
+                events += new
+        outcome = "clip"
+        for ev in events:
+            ev.outcome = self.policy(ev.kind)
+            if ev.outcome == "fault" or (ev.outcome == "reject" and outcome == "clip"):
+                outcome = ev.outcome
+        if outcome == "fault":
+            self._record(events)
+            return FilterResult(None, events, False, fault=", ".join(sorted({e.kind for e in events})))
+        accepted = outcome == "clip" and cmd is not None
+        if not accepted:
+            cmd, wall = self.hold_command(ctx)
+            events += wall
+        problem = self.final_check(cmd, ctx)
+        if problem:
+            events.append(SafetyEvent("final_check", "final_check", problem, "fault"))
+            self._record(events)
+            return FilterResult(None, events, False, fault=f"final_check: {problem}")
+        self._record(events)
+        return FilterResult(cmd, events, accepted)
+
+    def hold_command(self, ctx: Context) -> tuple[Command, list[SafetyEvent]]:
+        """Decelerate towards rest at the acceleration limit (a jump to zero would break it); at the
+        workspace wall, stop where the arm is (the wall wins over the acceleration limit)."""
+        keep = self._last_width if self._last_width is not None else ctx.gripper_width_m  # never let go
+        width = float(np.clip(ctx.config.gripper_width_max_m if keep is None else keep, 0.0,
+                              ctx.config.gripper_width_max_m))
+        force = float(np.clip(ctx.config.gripper_force_n, 0.0, ctx.config.gripper_force_max_n))
+        if ctx.mode is ControlMode.EE_DELTA:
+            base = ctx.ee_base()
+            return Command(ctx.mode, np.zeros(6), width, force,
+                           ee_target_m=None if base is None else base.copy()), []
+        dv = ctx.amax * ctx.dt_s
+        vel = np.sign(ctx.ref_vel_rad_s) * np.maximum(np.abs(ctx.ref_vel_rad_s) - dv, 0.0)
+        lo, hi = ctx.velocity_bounds()
+        vel = np.clip(vel, lo, hi)
+        cmd = Command(ctx.mode, np.zeros(ctx.config.dof), width, force)
+        _set_velocity(cmd, ctx, vel)
+        if ctx.mode is ControlMode.JOINT_POSITION:
+            cmd.values = np.clip(cmd.values, *ctx.position_bounds())
+        if ctx.fk is not None and ctx.mode is not ControlMode.EE_DELTA:
+            p = ctx.fk(_target_of(cmd, ctx))
+            lo_b, hi_b = np.asarray(ctx.config.workspace_min_m), np.asarray(ctx.config.workspace_max_m)
+            if p is not None and _box_distance(p, lo_b, hi_b) > _box_distance(ctx.fk(ctx.ref_pos_rad), lo_b, hi_b):
+                _set_velocity(cmd, ctx, np.zeros(ctx.config.dof))  # a wall: stop where we are
+                return cmd, [SafetyEvent("workspace", "hold", "hold stopped at the workspace wall", "reject")]
+        return cmd, []
+
+    def final_check(self, cmd: Command, ctx: Context) -> str | None:
+        """Every hard limit, re-verified on the exact command to be sent. Returns the first violation."""
+        c = ctx.config
+        if cmd.values.dtype != np.float64 or not np.all(np.isfinite(cmd.values)):
+            return "non-finite values"
+        if not (0.0 <= cmd.gripper_width_m <= c.gripper_width_max_m + TOL):
+            return "gripper width out of range"
+        if not (0.0 <= cmd.gripper_force_n <= c.gripper_force_max_n + TOL):
+            return "gripper force out of range"
+        if cmd.mode is ControlMode.EE_DELTA:
+            if cmd.values.shape != (6,):
+                return "ee delta shape"
+            if np.linalg.norm(cmd.values[:3]) > c.ee_step_max_m + 1e-7:
+                return "ee step over limit"
+            if np.linalg.norm(cmd.values[3:]) > c.ee_rot_step_max_rad + 1e-7:
+                return "ee rotation step over limit"
+            if cmd.ee_target_m is not None and ctx.ee_base() is not None:
+                lo, hi = np.asarray(c.workspace_min_m), np.asarray(c.workspace_max_m)
+                if np.linalg.norm(cmd.ee_target_m - ctx.ee_base()) > c.ee_step_max_m + 1e-7:
+                    return "ee target step over limit"
+                allowed = max(0.0, _box_distance(ctx.ee_base(), lo, hi) - 1e-12)  # outside: never further out
+                if _box_distance(cmd.ee_target_m, lo, hi) > allowed + 1e-7:
+                    return "ee target outside the workspace"
+            return None
+        if cmd.values.shape != (c.dof,):
+            return "joint command shape"
+        vel, target = _velocity_of(cmd, ctx), _target_of(cmd, ctx)
+        lo, hi = ctx.position_bounds()
+        if np.any(target < lo - 1e-7) or np.any(target > hi + 1e-7):
+            return "joint target outside the joint limits"
+        if np.any(np.abs(vel) > ctx.vmax * (1 + 1e-7) + 1e-9):
+            return "joint velocity over limit"
+        if cmd.mode is ControlMode.JOINT_POSITION and np.any(
+                np.abs(cmd.values - ctx.ref_pos_rad) > c.max_relative_target_rad + 1e-7):
+            return "relative target over limit"
+        if ctx.fk is not None:
+            p_new, p_ref = ctx.fk(target), ctx.fk(ctx.ref_pos_rad)
+            if p_new is not None and p_ref is not None:
+                lo, hi = np.asarray(c.workspace_min_m), np.asarray(c.workspace_max_m)
+                allowed = max(0.0, _box_distance(p_ref, lo, hi))  # outside: never further out
+                if _box_distance(p_new, lo, hi) > allowed + 1e-7:
+                    return "end effector would leave the workspace"
+        return None
+
+    def commit(self, cmd: Command) -> None:
+        """The command was sent: it becomes the reference for the next one."""
+        if cmd.mode is ControlMode.EE_DELTA and cmd.ee_target_m is not None:
+            self.ref_ee = np.asarray(cmd.ee_target_m, np.float64).copy()
+        if cmd.mode is not ControlMode.EE_DELTA:
+            dt = self.config.period_s
+            if cmd.mode is ControlMode.JOINT_VELOCITY:
+                self.ref_vel = cmd.values.copy()
+                self.ref_pos = self.ref_pos + cmd.values * dt
+            else:
+                self.ref_vel = (cmd.values - self.ref_pos) / dt
+                self.ref_pos = cmd.values.copy()
+        self._last_width = cmd.gripper_width_m

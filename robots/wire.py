@@ -1,0 +1,61 @@
+"""msgpack wire format shared by the policy server and the robot client. No pickle anywhere.
+
+Arrays travel as {"__nd__": True, "dtype": "<f4", "shape": [...], "data": bytes} and only numeric
+dtypes are accepted on decode; anything else in a message must be msgpack-native (str, int, float,
+bool, None, lists, dicts).
+"""
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+
+ALLOWED_DTYPES = {"<f2", "<f4", "<f8", "|u1", "|i1", "<i2", "<i4", "<i8", "|b1", "<u2", "<u4"}
+MAX_DIMS = 8
+
+
+class WireError(ValueError):
+    """A message that does not decode to the expected structure."""
+
+
+def _default(obj):
+    if isinstance(obj, np.ndarray):
+        arr = np.ascontiguousarray(obj)
+        if arr.dtype.str not in ALLOWED_DTYPES:
+            arr = arr.astype(np.float32)
+        return {"__nd__": True, "dtype": arr.dtype.str, "shape": list(arr.shape), "data": arr.tobytes()}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"cannot send {type(obj).__name__} over the wire")
+
+
+def _hook(obj: dict):
+    if obj.get("__nd__") is True:
+        dtype, shape, data = obj.get("dtype"), obj.get("shape"), obj.get("data")
+        if dtype not in ALLOWED_DTYPES or not isinstance(shape, list) or not isinstance(data, bytes):
+            raise WireError(f"bad array header (dtype {dtype!r})")
+        if len(shape) > MAX_DIMS or not all(isinstance(s, int) and s >= 0 for s in shape):
+            raise WireError(f"bad array shape {shape!r}")
+        expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if expected != len(data):
+            raise WireError(f"array data has {len(data)} bytes, shape {shape} needs {expected}")
+        return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
+    return obj
+
+
+def pack(message: dict) -> bytes:
+    return msgpack.packb(message, default=_default, use_bin_type=True)
+
+
+def unpack(raw: bytes, max_bytes: int) -> dict:
+    if len(raw) > max_bytes:
+        raise WireError(f"message of {len(raw)} bytes is over the {max_bytes}-byte limit")
+    try:
+        message = msgpack.unpackb(raw, object_hook=_hook, raw=False, strict_map_key=True,
+                                  max_bin_len=max_bytes, max_str_len=max_bytes)
+    except WireError:
+        raise
+    except Exception as err:  # noqa: BLE001  msgpack raises many types on garbage
+        raise WireError(f"not a msgpack message ({type(err).__name__})") from None
+    if not isinstance(message, dict):
+        raise WireError("a message must be a map")
+    return message
