@@ -45,7 +45,7 @@ def evaluate(env_name: str, policy: BatchPolicy, episodes: int, seed: int, gamma
              envs: list | None = None) -> EvalResult:
     """Run `episodes` episodes of `policy` (deterministic is the caller's choice) in lock-step."""
     spec = sims.spec(env_name)
-    envs = envs or [sims.make(env_name, **(env_kwargs or {})) for _ in range(episodes)]
+    envs = envs or _eval_envs(env_name, episodes, env_kwargs)
     states = np.stack([env.reset(seed=seed + i)[0][STATE_KEY] for i, env in enumerate(envs[:episodes])])
     alive = np.ones(episodes, bool)
     returns, lengths, successes = np.zeros(episodes), np.zeros(episodes, int), np.zeros(episodes, bool)
@@ -71,6 +71,22 @@ def evaluate(env_name: str, policy: BatchPolicy, episodes: int, seed: int, gamma
     return EvalResult(returns=returns, lengths=lengths, successes=successes if spec.has_success else None,
                       normalized=normalized, states=np.concatenate([np.stack(s) for s in traj_states]),
                       actions=np.concatenate([np.stack(a) for a in traj_actions]), mc_returns=np.concatenate(mc))
+
+
+_ENV_CACHE: dict = {}
+_SLOW_TO_BUILD = ("cube-", "scene", "puzzle-")  # OGBench manipspace: ~1 s per env build
+
+
+def _eval_envs(env_name: str, episodes: int, env_kwargs: dict | None) -> list:
+    """Fresh envs, except for tasks that are slow to build: those are built once and reused (every
+    episode starts with reset(seed=...), so reuse changes nothing but the time)."""
+    if not env_name.startswith(_SLOW_TO_BUILD):
+        return [sims.make(env_name, **(env_kwargs or {})) for _ in range(episodes)]
+    key = (env_name, repr(sorted((env_kwargs or {}).items())))
+    cached = _ENV_CACHE.setdefault(key, [])
+    while len(cached) < episodes:
+        cached.append(sims.make(env_name, **(env_kwargs or {})))
+    return cached[:episodes]
 
 
 def record_video(env_name: str, policy: BatchPolicy, path: str | Path, episodes: int = 2, seed: int = 0,

@@ -5,6 +5,7 @@ Importing a task module registers its tasks; new suites do the same with `regist
 """
 from sims.registry import TaskSpec, make, names, normalized_score, register_task, spec
 from sims import locomotion, pointmaze  # noqa: F401  (registers the tasks)
+from sims import manip  # noqa: F401  (OGBench manipspace tasks)
 from sims.experts import expert
 
 __all__ = ["TaskSpec", "make", "names", "spec", "normalized_score", "register_task", "expert"]

@@ -34,18 +34,23 @@ class TaskSpec:
 class _Task:
     spec: TaskSpec
     build: Builder
+    finish: Callable[[gymnasium.Env], gymnasium.Env] | None = None  # wraps the dict-observation env last
 
 
 _TASKS: dict[str, _Task] = {}
 
 
-def register_task(spec: TaskSpec) -> Callable[[Builder], Builder]:
-    """Decorator: `@register_task(TaskSpec(...))` over a builder of a flat-observation env."""
+def register_task(spec: TaskSpec, finish=None) -> Callable[[Builder], Builder]:
+    """Decorator: `@register_task(TaskSpec(...))` over a builder of a flat-observation env.
+
+    `finish(env)`, when given, wraps the finished dict-observation env (e.g. to add image or
+    language keys next to `observation.state`).
+    """
 
     def decorate(build: Builder) -> Builder:
         if spec.name in _TASKS:
             raise ValueError(f"task {spec.name!r} is registered twice")
-        _TASKS[spec.name] = _Task(spec, build)
+        _TASKS[spec.name] = _Task(spec, build, finish)
         return build
 
     return decorate
@@ -81,6 +86,8 @@ def make(
     env = wrappers.StateDictObservation(env, task.spec)
     if render:
         wrappers.disable_costly_rendering(env)
+    if task.finish is not None:
+        env = task.finish(env)
     if seed is not None:
         env.reset(seed=seed)
         env.action_space.seed(seed)

@@ -50,3 +50,61 @@ def disable_costly_rendering(env: gymnasium.Env) -> None:
     model = env.unwrapped.model
     model.vis.quality.shadowsize = 0  # no shadow map -> no shadow pass
     model.mat_reflectance[:] = 0.0  # no reflective materials -> no mirrored pass
+
+
+class ChunkedActionWrapper(gymnasium.Wrapper):
+    """Step an env with an action chunk `[H, A]`, executed open-loop, one env step per row.
+
+    `step(chunk)` runs the first `execute_horizon` rows (all rows when None) or until the episode
+    ends, and returns the last observation, the summed reward, the last terminated/truncated flags
+    and, in `info["chunk"]`, every per-step record (observations, actions, rewards, next
+    observations, terminated, truncated) so a learner can store single transitions and later sample
+    h-step chunks with `valid` masks. A `[A]` action is a chunk of one. Successes are OR-ed.
+    """
+
+    def __init__(self, env: gymnasium.Env, execute_horizon: int | None = None):
+        super().__init__(env)
+        if execute_horizon is not None and int(execute_horizon) < 1:
+            from embodied.errors import ConfigError
+
+            raise ConfigError(f"execute_horizon={execute_horizon} must be >= 1 (or None: the whole chunk)")
+        self.execute_horizon = None if execute_horizon is None else int(execute_horizon)
+        self.single_action_space = env.action_space
+        if self.execute_horizon is not None:  # vector envs batch [k, A] chunks by this space
+            box = env.action_space
+            self.action_space = spaces.Box(np.repeat(box.low[None], self.execute_horizon, 0),
+                                           np.repeat(box.high[None], self.execute_horizon, 0), dtype=box.dtype)
+        self._obs = None
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        self._obs = obs
+        return obs, info
+
+    def step(self, chunk):
+        chunk = np.asarray(chunk, dtype=np.float32)
+        if chunk.ndim == 1:
+            chunk = chunk[None]
+        act_dim = self.single_action_space.shape[-1]
+        if chunk.ndim != 2 or chunk.shape[-1] != act_dim:
+            from embodied.errors import UserError
+
+            raise UserError(f"chunk has shape {chunk.shape}; pass [H, {act_dim}] actions")
+        rows = chunk if self.execute_horizon is None else chunk[: self.execute_horizon]
+        record = {k: [] for k in ("observations", "actions", "rewards", "next_observations", "terminated", "truncated")}
+        total, success, info = 0.0, False, {}
+        terminated = truncated = False
+        for action in rows:
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            for key, value in zip(record, (self._obs, action, reward, obs, terminated, truncated)):
+                record[key].append(value)
+            self._obs = obs
+            total += float(reward)
+            success |= bool(info.get("success", False))
+            if terminated or truncated:
+                break
+        info = dict(info)
+        info["success"] = success
+        info["chunk"] = record
+        info["executed"] = len(record["actions"])
+        return self._obs, total, terminated, truncated, info

@@ -54,8 +54,22 @@ def dataset_path(env: str, quality: str, size: int, seed: int = 0, cache_dir=Non
     return cache_root(cache_dir) / "datasets" / f"{env}-{quality}-{size}-s{seed}.hdf5"
 
 
+def _is_manip(env: str) -> bool:
+    """Manipulation tasks get their data from OGBench's oracles (embodied.data.ogbench_gen)."""
+    try:
+        from sims.manip import MANIP_NAMES
+    except ImportError:
+        return False
+    return env in MANIP_NAMES
+
+
 def check_request(env: str, quality: str, size: int, seed: int = 0) -> None:
     """Reject a bad request before any env is built or file touched."""
+    if _is_manip(env):
+        from embodied.data import ogbench_gen
+
+        ogbench_gen.check_spec(ogbench_gen.GenSpec(env, quality, size, seed))
+        return
     if quality not in RECIPES:
         raise DatasetError(f"unknown dataset quality '{quality}': choose one of {', '.join(QUALITIES)}")
     if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
@@ -72,6 +86,11 @@ def load_dataset(env: str, quality: str, size: int, seed: int = 0, *, cache_dir=
     """The cached dataset, or a freshly generated and cached one. A cache file written by an older
     generator version is regenerated rather than silently reused."""
     check_request(env, quality, size, seed)
+    if _is_manip(env):
+        from embodied.data import ogbench_gen
+
+        return ogbench_gen.load_or_generate(ogbench_gen.GenSpec(env, quality, int(size), int(seed)),
+                                            cache_dir=cache_dir, progress=progress)
     import sims
 
     spec = sims.spec(env)

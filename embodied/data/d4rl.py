@@ -20,9 +20,13 @@ from embodied.errors import DatasetError
 REQUIRED_KEYS = ("observations", "actions", "rewards", "terminals", "timeouts")
 
 
-def save_hdf5(ds: Dataset, path, compression: str | None = "gzip") -> Path:
+def save_hdf5(ds: Dataset, path, compression: str | None = "gzip", extras: dict | None = None) -> Path:
     """Validate, then write atomically. Metadata values are stored JSON-encoded as attributes of
-    the `metadata` group, so nested dicts and lists round-trip."""
+    the `metadata` group, so nested dicts and lists round-trip.
+
+    `extras` maps HDF5 paths such as `infos/subgoals` or `images/front` to arrays with one row per
+    transition; they are written chunked (about 1 MB per chunk) and compressed, and readers of the
+    D4RL keys never load them (see `load_extras`)."""
     ds.validate()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -32,6 +36,13 @@ def save_hdf5(ds: Dataset, path, compression: str | None = "gzip") -> Path:
         with h5py.File(tmp, "w") as f:
             for key, value in ds.arrays().items():
                 f.create_dataset(key, data=value, compression=compression)
+            for key, value in (extras or {}).items():
+                value = np.asarray(value)
+                if len(value) != len(ds):
+                    raise DatasetError(f"extra '{key}' has {len(value)} rows for {len(ds)} transitions: one per row")
+                row_bytes = max(1, value[:1].nbytes)
+                chunks = (max(1, min(len(value), (1 << 20) // row_bytes)),) + value.shape[1:] if len(value) else None
+                f.create_dataset(key, data=value, compression=compression, chunks=chunks)
             meta = f.create_group("metadata")
             for key, value in ds.metadata.items():
                 meta.attrs[str(key)] = json.dumps(value, default=_json_default)
@@ -79,6 +90,24 @@ def load_hdf5(path) -> Dataset:
     ds = Dataset(**arrays, metadata=metadata)
     ds.validate()
     return ds
+
+
+def load_extras(path, keys=None) -> dict[str, np.ndarray]:
+    """The non-D4RL arrays of a file (`infos/*`, `images/*`, ...) by HDF5 path; `keys` limits which."""
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"no dataset file at {path}: check the path or generate the dataset")
+    out = {}
+    with h5py.File(path, "r") as f:
+        def visit(name, item):
+            if isinstance(item, h5py.Dataset) and "/" in name and not name.startswith("metadata/"):
+                if keys is None or name in keys:
+                    out[name] = item[()]
+        f.visititems(visit)
+    missing = sorted(set(keys or ()) - set(out))
+    if missing:
+        raise DatasetError(f"{path.name} has no {', '.join(missing)}: regenerate it with those extras")
+    return out
 
 
 def _coerce(key: str, value: np.ndarray) -> np.ndarray:
