@@ -74,6 +74,8 @@ def runner_config(cfg: DictConfig):
 
     algo = cfg.algo
     shared = {"hidden": list(cfg.policy.hidden), "gamma": cfg.env.gamma, "bf16": resolve_bf16(cfg.bf16, cfg.device)}
+    # the policy group's other keys (denoiser, horizons...) configure agents whose config has them
+    shared.update({k: v for k, v in OmegaConf.to_container(cfg.policy, resolve=True).items() if k not in ("name", "hidden")})
 
     def agent_options(name: str | None, overrides) -> dict:
         """The preset's options plus the shared ones this agent's config has (BC has no gamma)."""
@@ -95,6 +97,7 @@ def runner_config(cfg: DictConfig):
         sparse_failure_reward=cfg.env.sparse_failure_reward, eval_every_offline=cfg.eval.every_offline,
         eval_every_online=cfg.eval.every_online, eval_episodes=cfg.eval.episodes,
         video_episodes=cfg.eval.video_episodes, video_size=cfg.eval.video_size,
+        dip_evals=cfg.eval.get("dip_evals", 4),
         checkpoint_every=cfg.checkpoint.every, keep_checkpoints=cfg.checkpoint.keep,
         seed=cfg.seed, device=cfg.device,
     )
@@ -119,11 +122,18 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     with RunLogger(run_dir, resolved, wandb_mode=cfg.logger.mode, project=cfg.logger.project,
                    group=cfg.logger.group, name=f"{cfg.env.name}-{cfg.algo.name}-s{cfg.seed}",
                    enabled_wandb=cfg.logger.wandb) as logger:
-        runner = Runner(rcfg, dataset, run_dir, logger, progress=cfg.progress)
+        runner_cls = Runner
+        if rcfg.online_algo == "dppo":  # on-policy fine-tuning with vectorised envs: its own online loop
+            from embodied.agents.dppo import DPPORunner as runner_cls
+        runner = runner_cls(rcfg, dataset, run_dir, logger, progress=cfg.progress)
         if cfg.resume and not runner.resume_latest():
             print(f"resume=true but {run_dir}/checkpoints has no checkpoint: starting fresh", flush=True)
         summary = runner.run()
         summary.update(algo=cfg.algo.name, preset=cfg.algo.name, run_dir=str(run_dir))
+        actor = getattr(runner.agent, "actor", None)
+        if actor is not None and hasattr(actor, "save"):  # deployable: `policies.load(<run>/policy)`
+            actor.save(run_dir / "policy")
+            summary["policy_dir"] = str(run_dir / "policy")
         logger.summary(summary)
     from embodied.logging import read_metrics
 

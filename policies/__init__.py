@@ -56,6 +56,7 @@ def load(directory: str | Path, device: str = "cpu") -> Policy:
 
 def _import_builtin() -> None:
     from policies import gaussian  # noqa: F401  (registers itself)
+    from policies import diffusion, flow  # noqa: F401  (generative chunk policies)
 
 
 __all__ = ["Policy", "register", "names", "make", "load"]

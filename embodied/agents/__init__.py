@@ -16,6 +16,13 @@ _AGENTS = {
     "calql": ("embodied.agents.cql", "CQL", "CQLConfig", {"calql": True}),
     "iql": ("embodied.agents.iql", "IQL", "IQLConfig", {}),
     "bc": ("embodied.agents.bc", "BC", "BCConfig", {}),
+    # generative chunk policies (policies/diffusion.py, policies/flow.py) and their RL fine-tuning
+    "bc_diffusion": ("embodied.agents.bc_generative", "GenerativeBC", "GenerativeBCConfig", {"policy": "diffusion"}),
+    "bc_flow": ("embodied.agents.bc_generative", "GenerativeBC", "GenerativeBCConfig", {"policy": "flow"}),
+    "fql": ("embodied.agents.fql", "FQL", "FQLConfig", {"horizon": 1, "extraction": "distill"}),
+    "qc": ("embodied.agents.qchunk", "QChunking", "QCConfig", {"extraction": "best_of_n"}),
+    "qc_fql": ("embodied.agents.qchunk", "QChunking", "QCConfig", {"extraction": "distill"}),
+    "dppo": ("embodied.agents.dppo", "DPPO", "DPPOConfig", {}),   # online phase of dppo.DPPORunner
 }
 
 

@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 import sims
 from embodied import agents
+from embodied.agents.chunking import ChunkActor, evaluate_chunked, is_chunked
 from embodied.agents.sac import SAC
 from embodied.data.dataset import Dataset
 from embodied.data.replay import MixedReplay, ReplayBuffer
@@ -113,6 +114,7 @@ class Runner:
         self.offline_agent = None
         if cfg.offline_algo is not None:
             self.offline_agent = agents.make(cfg.offline_algo, obs_dim, act_dim, cfg.offline_agent, cfg.device, cfg.seed)
+            self._fit_normalization(self.offline_agent)
         self.agent = self.offline_agent
         self.pretrained_actor = None
         # progress state (checkpointed)
@@ -135,6 +137,27 @@ class Runner:
                                    ds.timeouts, dict(ds.metadata)), mc_returns=mc)
         return buffer
 
+    def _fit_normalization(self, agent) -> None:
+        """Generative chunk policies keep dataset normalisation statistics with their weights."""
+        if hasattr(agent, "fit_normalization") and self.dataset is not None:
+            agent.fit_normalization(self.dataset.observations, self.dataset.actions)
+
+    def _batch(self, source, batch_size: int) -> dict:
+        """Chunked agents learn from h-step chunks (`valid`-masked), the others from transitions."""
+        if is_chunked(self.agent):
+            return source.sample_chunks(batch_size, self.agent.chunk_horizon)
+        return source.sample(batch_size)
+
+    def _chunk_fn(self, deterministic: bool):
+        return lambda obs_seq: self.agent.act_chunk(obs_seq, deterministic=deterministic)
+
+    def _step_policy(self):
+        """A per-step policy for one env (videos): chunks executed open-loop, history kept."""
+        if not is_chunked(self.agent):
+            return self._deterministic
+        actor = ChunkActor(self._chunk_fn(True), self.agent.obs_horizon, self.agent.execute_horizon)
+        return lambda states: actor(states[0])[None]
+
     def _sampler(self):
         ratio = self.cfg.offline_ratio if self.offline_buffer is not None else 0.0
         return MixedReplay(self.offline_buffer, self.online_buffer, ratio, seed=self.cfg.seed + 3)
@@ -145,17 +168,23 @@ class Runner:
 
     def evaluate(self, step: int, total_step: int, final: bool = False) -> dict:
         cfg = self.cfg
-        result = evaluate(cfg.env, self._deterministic, cfg.eval_episodes, seed=cfg.seed * 1000 + 10_000 + total_step,
-                          gamma=cfg.gamma, reward_transform=cfg.transform_rewards)
+        seed = cfg.seed * 1000 + 10_000 + total_step
+        if is_chunked(self.agent):
+            result = evaluate_chunked(cfg.env, self._chunk_fn(True), self.agent.obs_horizon, self.agent.execute_horizon,
+                                      cfg.eval_episodes, seed, gamma=cfg.gamma, reward_transform=cfg.transform_rewards)
+        else:
+            result = evaluate(cfg.env, self._deterministic, cfg.eval_episodes, seed=seed,
+                              gamma=cfg.gamma, reward_transform=cfg.transform_rewards)
         metrics = result.metrics()
         critic = getattr(self.agent, "critic", None)
-        if critic is not None and self.phase == "online":
+        if critic is not None and self.phase == "online" and not is_chunked(self.agent):
             q = self.agent.q_values(result.states, result.actions)
             metrics["switch/calibration_gap"] = float(np.mean(q - result.mc_returns))
             metrics["switch/q_mean"] = float(np.mean(q))
             metrics["switch/mc_return_mean"] = float(np.mean(result.mc_returns))
         if self.pretrained_actor is not None and len(self.online_buffer) > 0:
-            states = self.online_buffer.sample(min(1024, len(self.online_buffer)))["observations"]
+            probe = 256 if is_chunked(self.agent) else 1024  # generative samplers cost tens of network calls
+            states = self.online_buffer.sample(min(probe, len(self.online_buffer)))["observations"]
             with torch.no_grad():
                 now = self.agent.actor.act(states, deterministic=True)[:, 0, :]
                 before = self.pretrained_actor.act(states, deterministic=True)[:, 0, :]
@@ -182,7 +211,7 @@ class Runner:
                    disable=not self.progress, dynamic_ncols=True)
         window: list[dict] = []
         while self.offline_step < cfg.offline_steps:
-            window.append(self.agent.update(self.offline_buffer.sample(cfg.offline_batch_size)))
+            window.append(self.agent.update(self._batch(self.offline_buffer, cfg.offline_batch_size)))
             self.offline_step += 1
             bar.update(1)
             step = self.offline_step
@@ -211,6 +240,7 @@ class Runner:
         else:
             self.agent = agents.make(cfg.online_algo, self.spec.obs_dim, self.spec.act_dim, cfg.online_agent,
                                      cfg.device, cfg.seed)
+            self._fit_normalization(self.agent)
         self.phase, self.switched = "online", True
         self.logger.log({"switch/offline_steps": self.offline_step, "total_step": self.offline_step,
                          "switch/end_of_offline_score": (self.end_of_offline or {}).get("eval/score")},
@@ -229,9 +259,14 @@ class Runner:
         eval_steps = set(self._dip_eval_steps())
         bar = tqdm(total=cfg.online_steps, initial=self.online_step, desc=f"online {cfg.online_algo}",
                    disable=not self.progress, dynamic_ncols=True)
+        chunk_actor = None
+        if is_chunked(self.agent):  # chunks executed open-loop, one env step (and transition) per row
+            chunk_actor = ChunkActor(self._online_chunk, self.agent.obs_horizon, self.agent.execute_horizon)
         while self.online_step < cfg.online_steps:
             step = self.online_step
-            if step < cfg.warmup_steps and self.pretrained_actor is not None:
+            if chunk_actor is not None:
+                action = chunk_actor(state)
+            elif step < cfg.warmup_steps and self.pretrained_actor is not None:
                 action = self.pretrained_actor.act(state, deterministic=False)[0]
             elif step < cfg.warmup_steps + cfg.random_steps:
                 action = self.rng.uniform(-1.0, 1.0, self.spec.act_dim).astype(np.float32)
@@ -255,10 +290,12 @@ class Runner:
                                 step=step + 1, phase="online", kind="train")
                 episode_return = 0.0
                 state = env.reset()[0][STATE_KEY]
+                if chunk_actor is not None:
+                    chunk_actor.reset()
             self.online_step = step = step + 1
             if step > cfg.warmup_steps + cfg.random_steps and len(self.online_buffer) > 0:
                 for _ in range(cfg.utd):
-                    window.append(self.agent.update(sampler.sample(cfg.online_batch_size)))
+                    window.append(self.agent.update(self._batch(sampler, cfg.online_batch_size)))
             bar.update(1)
             if step % cfg.log_every == 0 and window:
                 self.logger.log({**_mean(window), "total_step": self.offline_step + step}, step=step, phase="online",
@@ -269,6 +306,16 @@ class Runner:
                 bar.set_postfix(score=f"{record['eval/score']:.1f}")
             self._maybe_checkpoint(self.offline_step + step)  # an open Cal-QL episode is not saved: resume restarts it
         bar.close()
+
+    def _online_chunk(self, obs_seq: np.ndarray) -> np.ndarray:
+        """The online phase's chunk source: pretrained policy (warmup), uniform noise (random steps), agent."""
+        cfg, step = self.cfg, self.online_step
+        if step < cfg.warmup_steps and self.pretrained_actor is not None:
+            return self.pretrained_actor.act(obs_seq, deterministic=False)
+        if step < cfg.warmup_steps + cfg.random_steps:
+            shape = (len(obs_seq), self.agent.execute_horizon, self.spec.act_dim)
+            return self.rng.uniform(-1.0, 1.0, shape).astype(np.float32)
+        return self.agent.act_chunk(obs_seq, deterministic=False)
 
     def learning_start(self) -> int:
         return min(self.cfg.warmup_steps + self.cfg.random_steps, self.cfg.online_steps)
@@ -317,7 +364,7 @@ class Runner:
             if values:
                 summary[key.split("/")[1] + "_final"] = values[-1]
         if cfg.video_episodes > 0:
-            path = record_video(cfg.env, self._deterministic, self.run_dir / "videos" / "final.mp4",
+            path = record_video(cfg.env, self._step_policy(), self.run_dir / "videos" / "final.mp4",
                                 episodes=cfg.video_episodes, seed=cfg.seed + 123, size=cfg.video_size)
             summary["video"] = str(path) if path else None
         return summary
