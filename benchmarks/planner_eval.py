@@ -1,0 +1,106 @@
+"""Evaluate language planners on the multi-step task suite (planners/tasks.py) on the real sims.
+
+    python benchmarks/planner_eval.py --planners rule,smollm2-generate,smollm2-saycan,smollm2-constrained
+
+Every planner runs the same tasks, seeds and skill oracles in one process; SmolLM2 is loaded once and
+shared. Writes benchmarks/results/planner_eval/<planner>.json (per-task rows + summary), the JSONL
+trace of every plan and sub-goal, planner_eval.json (all summaries) and a markdown table; prints it.
+Use --wandb offline to mirror per-task metrics into a local wandb run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from embodied.errors import UserError, exit_on_user_error  # noqa: E402
+from embodied.logging import write_json_atomic  # noqa: E402
+
+OUT = Path(__file__).resolve().parent / "results" / "planner_eval"
+
+
+@exit_on_user_error
+def main(argv=None) -> None:
+    from planners.evaluate import PLANNERS, run_suite, table
+    from planners.tasks import ADVERSARIAL, TASKS
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--planners", default=",".join(PLANNERS))
+    ap.add_argument("--tasks", default="all", help="'all' or comma-separated task ids")
+    ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-replans", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--wandb", default="disabled", choices=("disabled", "offline", "online"))
+    ap.add_argument("--table-only", action="store_true", help="rebuild the table from saved results")
+    args = ap.parse_args(argv)
+    if args.table_only:
+        return _write_table(Path(args.out))
+    import torch
+
+    torch.set_num_threads(args.threads)
+    specs = [p.strip() for p in args.planners.split(",") if p.strip()]
+    for spec in specs:
+        if spec not in PLANNERS:
+            raise UserError(f"--planners: unknown {spec!r}; choose from {', '.join(PLANNERS)}")
+    tasks = TASKS if args.tasks == "all" else tuple(t for t in TASKS if t.id in args.tasks.split(","))
+    if not tasks:
+        raise UserError(f"--tasks {args.tasks!r} matches no task; ids: {', '.join(t.id for t in TASKS)}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    backend = None
+    results = []
+    for spec in specs:
+        if spec.startswith("smollm2") and backend is None:
+            from planners.backends.local import LocalBackend
+
+            t0 = time.perf_counter()
+            backend = LocalBackend()
+            print(f"SmolLM2 loaded in {time.perf_counter() - t0:.1f} s", flush=True)
+        run = None
+        if args.wandb != "disabled":
+            import wandb
+
+            run = wandb.init(project="embodied-planners", name=f"planner_eval-{spec}", mode=args.wandb,
+                             dir=str(out), config={"planner": spec, "seed": args.seed, "tasks": len(tasks)})
+        trace = out / f"trace_{spec}.jsonl"
+        trace.unlink(missing_ok=True)
+        t0 = time.perf_counter()
+        res = run_suite(spec, tasks, ADVERSARIAL, out, seed=args.seed, max_replans=args.max_replans,
+                        backend=backend if spec.startswith("smollm2") else None, wandb_run=run,
+                        log=lambda m: print(m, flush=True))
+        res["wall_s"] = time.perf_counter() - t0
+        res["machine"] = {"threads": args.threads, "cpus": os.cpu_count()}
+        if run is not None:
+            run.summary.update({k: v for k, v in res["summary"].items() if isinstance(v, (int, float))})
+            run.finish()
+        write_json_atomic(out / f"{spec}.json", res)
+        (out / f"{spec}.partial.json").unlink(missing_ok=True)
+        results.append(res)
+        print(table([res]), flush=True)
+    _write_table(out)
+
+
+def _write_table(out: Path) -> None:
+    """Merge every planner's saved result (this run and earlier ones) into one JSON and one table."""
+    from planners.evaluate import PLANNERS, table
+
+    merged = {}
+    for spec in PLANNERS:
+        path = out / f"{spec}.json"
+        if path.exists():
+            merged[spec] = json.loads(path.read_text())
+    write_json_atomic(out / "planner_eval.json", {k: {"summary": v["summary"], "wall_s": v.get("wall_s")}
+                                                  for k, v in merged.items()})
+    text = table(list(merged.values()))
+    (out / "planner_eval.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

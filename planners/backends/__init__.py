@@ -1,0 +1,1 @@
+"""Planner back ends: the rule-based planner and the LLM back ends (local transformers, OpenAI HTTP)."""

@@ -1,0 +1,148 @@
+"""Run the task suite for one planner on the real sims and summarise it.
+
+Per planner (mode x back end): task success, sub-goal executability (sub-goals that passed grounding
+and validation and reached a skill / all proposed), replans per task, LLM tokens and latency per
+task, failure categories (ungrounded output, invalid precondition, skill failure, back-end error),
+and the count of ungrounded sub-goals that reached a skill (must be 0). The adversarial set is run
+through the same executor and counted as refused or grounded.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from embodied.errors import UserError
+from embodied.logging import write_json_atomic
+from planners.executor import FAILURES, Executor, ExecutorConfig, Trace
+from planners.sim import oracle_skills, world_from_env
+from planners.tasks import ADVERSARIAL, TASKS, Task
+
+PLANNERS = ("rule", "smollm2-generate", "smollm2-saycan", "smollm2-constrained")
+
+
+class EnvPool:
+    """One env per suite (its `-goal` variant, which takes the OGBench task id at each reset)."""
+
+    def __init__(self):
+        self._envs = {}
+
+    def get(self, name: str):
+        import sims
+
+        if name not in self._envs:
+            self._envs[name] = sims.make(f"{name}-goal", max_episode_steps=100_000)
+        return self._envs[name]
+
+    def close(self):
+        for env in self._envs.values():
+            env.close()
+        self._envs.clear()
+
+
+def make_planner(spec: str, library, backend=None, threshold: float = 0.8):
+    """'rule' | '<backend>-generate|saycan|constrained' (backend: smollm2 local, or an object given)."""
+    from planners.backends.rule import RulePlanner
+
+    if spec == "rule":
+        return RulePlanner(library)
+    from planners.llm_planner import LLMPlanner, LLMPlannerConfig
+
+    name, _, mode = spec.rpartition("-")
+    if backend is None:
+        if name != "smollm2":
+            raise UserError(f"planner {spec!r}: choose one of {', '.join(PLANNERS)} (or pass a backend)")
+        from planners.backends.local import LocalBackend
+
+        backend = LocalBackend()
+    return LLMPlanner(backend, library, LLMPlannerConfig(mode=mode, threshold=threshold))
+
+
+def run_suite(spec: str, tasks=TASKS, adversarial=ADVERSARIAL, out_dir: str | Path | None = None, seed: int = 0,
+              max_replans: int = 3, backend=None, wandb_run=None, log=print) -> dict:
+    out_dir = Path(out_dir) if out_dir else None
+    trace = Trace(out_dir / f"trace_{spec}.jsonl" if out_dir else None, wandb_run)
+    pool = EnvPool()
+    rows = []
+    try:
+        for k, task in enumerate(tasks):
+            rows.append(_run_task(spec, task, pool, trace, seed, max_replans, backend, k))
+            r = rows[-1]
+            if out_dir:  # partial results survive a killed run
+                write_json_atomic(out_dir / f"{spec}.partial.json", {"planner": spec, "tasks": rows})
+            trace.log_metrics({"task_success": r["success"], "replans": r["replans"],
+                               "llm_latency_s": r["usage"]["latency_s"]}, step=k)
+            log(f"[{spec}] {task.id}: success={r['success']} replans={r['replans']} "
+                f"subgoals ok/run/valid/proposed={r['subgoals_succeeded']}/{r['subgoals_executable']}/"
+                f"{r['subgoals_valid']}/{r['subgoals_proposed']} "
+                f"tokens={r['usage']['prompt_tokens'] + r['usage']['completion_tokens']} "
+                f"llm_s={r['usage']['latency_s']:.1f} refused={bool(r['refused'])}")
+        adv = []
+        for k, (env_name, task_id, instruction) in enumerate(adversarial):
+            task = Task(f"adv{k}", env_name, task_id, instruction, (), 0)
+            r = _run_task(spec, task, pool, trace, seed, 0, backend, 1000 + k, goals=False)
+            adv.append({"instruction": instruction, "refused": r["refused"],
+                        "executed": [e for e in r.pop("executed")],
+                        "ungrounded_reached_skill": r["ungrounded_reached_skill"]})
+            log(f"[{spec}] adversarial {instruction!r}: refused={r['refused']!r} executed={adv[-1]['executed']}")
+    finally:
+        trace.close()
+        pool.close()
+    return {"planner": spec, "seed": seed, "summary": summarise(rows, adv), "tasks": rows, "adversarial": adv}
+
+
+def _run_task(spec, task: Task, pool: EnvPool, trace: Trace, seed: int, max_replans: int, backend, k: int,
+              goals: bool = True) -> dict:
+    env = pool.get(task.env)
+    obs, info = env.reset(seed=seed + k, options={"task_id": task.task_id})
+    library = oracle_skills(env)
+    planner = make_planner(spec, library, backend)
+    executor = Executor(planner, library, world_from_env, ExecutorConfig(max_replans=max_replans, seed=seed), trace)
+    first = len(trace.events)
+    res = executor.run(env, task.instruction, obs, info, goals=list(task.goals) if goals else None, task_id=task.id)
+    executed = [e["subgoal"]["skill"] + "(" + ",".join(e["subgoal"]["args"]) + ")"
+                for e in trace.events[first:] if e["event"] == "subgoal"]
+    row = {"task": task.id, "env": task.env, "steps": task.steps, **res.to_json(), "executed": executed}
+    if goals:
+        row.pop("executed")
+    return row
+
+
+def summarise(rows: list[dict], adv: list[dict]) -> dict:
+    n = len(rows)
+    proposed = sum(r["subgoals_proposed"] for r in rows)
+    return {
+        "tasks": n,
+        "success_rate": float(np.mean([r["success"] for r in rows])) if n else 0.0,
+        # grounded and valid when proposed (later steps of a plan cut short by a failed skill still count)
+        "subgoal_executability": (sum(r["subgoals_valid"] for r in rows) / proposed) if proposed else 0.0,
+        "subgoals_reached_skill": sum(r["subgoals_executable"] for r in rows),
+        "subgoals_succeeded": sum(r["subgoals_succeeded"] for r in rows),
+        "replans_per_task": float(np.mean([r["replans"] for r in rows])) if n else 0.0,
+        "tokens_per_task": float(np.mean([r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] for r in rows])) if n else 0.0,
+        "llm_latency_s_per_task": float(np.mean([r["usage"]["latency_s"] for r in rows])) if n else 0.0,
+        "refused_tasks": sum(bool(r["refused"]) for r in rows),
+        "failures": {k: sum(r["failures"][k] for r in rows) for k in FAILURES},
+        "ungrounded_reached_skill": sum(r["ungrounded_reached_skill"] for r in rows)
+        + sum(a["ungrounded_reached_skill"] for a in adv),
+        "adversarial_refused": sum(bool(a["refused"]) for a in adv),
+        "adversarial_total": len(adv),
+        "wall_s_per_task": float(np.mean([r["wall_s"] for r in rows])) if n else 0.0,
+    }
+
+
+def table(results: list[dict]) -> str:
+    head = ("| planner | success | sub-goal executability | replans/task | tokens/task | LLM s/task | "
+            "ungrounded output | invalid precondition | skill failure | backend error | stopped (done/refusal) | "
+            "ungrounded reached skill | adversarial refused |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for res in results:
+        s = res["summary"]
+        f = s["failures"]
+        lines.append(
+            f"| {res['planner']} | {s['success_rate'] * s['tasks']:.0f}/{s['tasks']} ({100 * s['success_rate']:.0f}%) | "
+            f"{100 * s['subgoal_executability']:.0f}% | {s['replans_per_task']:.2f} | {s['tokens_per_task']:.0f} | "
+            f"{s['llm_latency_s_per_task']:.2f} | {f['ungrounded_output']} | {f['invalid_precondition']} | "
+            f"{f['skill_failure']} | {f['backend_error']} | {s['refused_tasks']} | {s['ungrounded_reached_skill']} | "
+            f"{s['adversarial_refused']}/{s['adversarial_total']} |")
+    return "\n".join(lines)

@@ -1,0 +1,68 @@
+"""Learned skills: a goal-conditioned checkpoint from `policies/` registered like the oracles.
+
+The policy sees `concat(observation.state, goal vector)`; the goal vector encodes the sub-goal as a
+one-hot over the library's skill names followed by the target positions of its arguments (3 floats
+per argument slot, zero-padded), which is exactly what `SubGoal.goal` carries. A language-conditioned
+policy gets the observation dict with `task` set to the sub-goal's text instead.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from embodied.errors import UserError
+from planners.base import SubGoal
+from planners.skills import Skill
+
+MAX_ARGS = 2
+
+
+def goal_vector(subgoal: SubGoal, skill_names: list[str]) -> np.ndarray:
+    """One-hot skill + target_pos_m of each argument (MAX_ARGS x 3), float32."""
+    if subgoal.skill not in skill_names:
+        raise UserError(f"skill {subgoal.skill!r} is not in the goal encoding's skill list {skill_names}")
+    onehot = np.zeros(len(skill_names), np.float32)
+    onehot[skill_names.index(subgoal.skill)] = 1.0
+    pos = np.zeros((MAX_ARGS, 3), np.float32)
+    for i, p in enumerate(subgoal.goal.get("target_pos_m", [])[:MAX_ARGS]):
+        pos[i] = p
+    return np.concatenate([onehot, pos.ravel()])
+
+
+def goal_dim(skill_names: list[str]) -> int:
+    return len(skill_names) + 3 * MAX_ARGS
+
+
+class LearnedPolicy:
+    """Runs a `policies` checkpoint on one sub-goal; done when the skill's success detector fires."""
+
+    def __init__(self, policy, subgoal: SubGoal, skill_names: list[str], language: bool, detector):
+        self.policy, self.subgoal, self.language, self.detector = policy, subgoal, language, detector
+        self.goal = None if language else goal_vector(subgoal, skill_names)
+        self.done = False
+        self._chunk: list[np.ndarray] = []
+
+    def reset(self, obs, info) -> None:
+        self.done, self._chunk = False, []
+
+    def act(self, obs, info) -> np.ndarray:
+        if not self._chunk:
+            if self.language:
+                inp = dict(obs, task=self.subgoal.text)
+            else:
+                inp = np.concatenate([np.asarray(obs["observation.state"], np.float32), self.goal])
+            self._chunk = list(np.asarray(self.policy.act(inp, deterministic=True), np.float32))  # [H, A]
+        action = self._chunk.pop(0)
+        self.done = bool(self.detector())
+        return action
+
+
+def learned_skill(base: Skill, policy, skill_names: list[str], world_fn, language: bool = False,
+                  max_steps: int | None = None) -> Skill:
+    """A copy of `base` (same name, arguments, symbolic model) whose policy is the checkpoint."""
+
+    def factory(env, subgoal, seed=0):
+        return LearnedPolicy(policy, subgoal, skill_names, language,
+                             detector=lambda: base.succeeded(world_fn(env), subgoal))
+
+    return Skill(base.name, base.description, base.args, base.template, base.preconditions, base.effects,
+                 factory, max_steps or base.max_steps, base.affordance_fn, {**base.extra, "learned": True})

