@@ -19,7 +19,6 @@ checkpoint), then on-policy fine-tuning, evaluated and summarised exactly like t
 """
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass
 
@@ -289,10 +288,7 @@ class DPPORunner(Runner):
 
     def _switch(self) -> None:
         cfg = self.cfg
-        if self.offline_agent is not None:
-            last = [r for r in self.eval_history if r["phase"] == "offline"]
-            self.end_of_offline = last[-1] if last else self.evaluate(self.offline_step, self.offline_step)
-            self.pretrained_actor = copy.deepcopy(self.offline_agent.actor).requires_grad_(False)
+        self._freeze_pretrained()
         dcfg = agents.make_config("dppo", cfg.online_agent)
         base = self.offline_agent.actor if self.offline_agent is not None else None
         self.agent = DPPO(self.spec.obs_dim, self.spec.act_dim, dcfg, cfg.device, cfg.seed, base=base)

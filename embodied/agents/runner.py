@@ -224,12 +224,17 @@ class Runner:
             self._maybe_checkpoint(step)
         bar.close()
 
-    def _switch(self) -> None:
-        cfg = self.cfg
+    def _freeze_pretrained(self) -> None:
+        """At the switch: remember the end-of-offline eval and a frozen copy of the pretrained actor
+        (it acts during the warmup and is the reference for the action-drift diagnostic)."""
         if self.offline_agent is not None:
             last = [r for r in self.eval_history if r["phase"] == "offline"]
             self.end_of_offline = last[-1] if last else self.evaluate(self.offline_step, self.offline_step)
             self.pretrained_actor = copy.deepcopy(self.offline_agent.actor).requires_grad_(False)
+
+    def _switch(self) -> None:
+        cfg = self.cfg
+        self._freeze_pretrained()
         if cfg.online_algo == "same":
             self.agent = self.offline_agent
             self.keep_episode_mc = cfg.offline_algo == "calql"
