@@ -44,7 +44,6 @@ def evaluate(env_name: str, policy: BatchPolicy, episodes: int, seed: int, gamma
              reward_transform: Callable[[np.ndarray], np.ndarray] = lambda r: r, env_kwargs: dict | None = None,
              envs: list | None = None) -> EvalResult:
     """Run `episodes` episodes of `policy` (deterministic is the caller's choice) in lock-step."""
-    spec = sims.spec(env_name)
     envs = envs or _eval_envs(env_name, episodes, env_kwargs)
     states = np.stack([env.reset(seed=seed + i)[0][STATE_KEY] for i, env in enumerate(envs[:episodes])])
     alive = np.ones(episodes, bool)
@@ -64,6 +63,15 @@ def evaluate(env_name: str, policy: BatchPolicy, episodes: int, seed: int, gamma
             states[i] = obs[STATE_KEY]
             if terminated or truncated:
                 alive[i] = False
+    return episode_result(env_name, returns, lengths, successes, traj_states, traj_actions, traj_rewards, gamma,
+                          reward_transform)
+
+
+def episode_result(env_name: str, returns, lengths, successes, traj_states, traj_actions, traj_rewards,
+                   gamma: float, reward_transform) -> EvalResult:
+    """Per-episode step lists -> EvalResult: normalised scores, success where the task has it, and
+    Monte-Carlo returns of the transformed rewards (the calibration diagnostic's reference)."""
+    spec = sims.spec(env_name)
     mc = [discounted_return_to_go(reward_transform(np.asarray(r, np.float32)), gamma) for r in traj_rewards]
     normalized = None
     if spec.ref_min_score is not None:

@@ -14,8 +14,7 @@ import numpy as np
 import torch
 
 import sims
-from embodied.data.dataset import discounted_return_to_go
-from embodied.evaluation import EvalResult
+from embodied.evaluation import EvalResult, episode_result
 from policies.base import STATE_KEY
 from policies.executors import OpenLoopExecutor
 
@@ -90,7 +89,6 @@ def evaluate_chunked(env_name: str, chunk_fn, obs_horizon: int, execute_horizon:
     """`embodied.evaluation.evaluate` for chunk policies: episodes in lock-step, a batched chunk call
     whenever any env's executor wants one, each env executing its chunk open-loop. At most `max_envs`
     envs exist at once (episodes run in waves): a manipulation env holds ~100 MB."""
-    spec = sims.spec(env_name)
     width = max(1, min(episodes, max_envs))
     envs = _eval_envs(env_name, width)
     returns, lengths, successes = np.zeros(episodes), np.zeros(episodes, int), np.zeros(episodes, bool)
@@ -126,10 +124,6 @@ def evaluate_chunked(env_name: str, chunk_fn, obs_horizon: int, execute_horizon:
                 states[j] = obs[STATE_KEY]
                 if terminated or truncated:
                     alive[j] = False
-    mc = [discounted_return_to_go(reward_transform(np.asarray(r, np.float32)), gamma) for _, _, r in traj]
-    normalized = None
-    if spec.ref_min_score is not None:
-        normalized = np.array([sims.normalized_score(env_name, r) for r in returns])
-    return EvalResult(returns=returns, lengths=lengths, successes=successes if spec.has_success else None,
-                      normalized=normalized, states=np.concatenate([np.stack(s) for s, _, _ in traj]),
-                      actions=np.concatenate([np.stack(a) for _, a, _ in traj]), mc_returns=np.concatenate(mc))
+    ep_states, ep_actions, ep_rewards = zip(*traj)
+    return episode_result(env_name, returns, lengths, successes, ep_states, ep_actions, ep_rewards, gamma,
+                          reward_transform)
