@@ -3,6 +3,7 @@ steps, the one-step head), same process, same chunk length, same thread count.
 
     python benchmarks/policy_latency.py                 # ~1 minute, 1 thread
     python benchmarks/policy_latency.py --threads 2 --quick
+    python benchmarks/policy_latency.py --compile       # + DDIM-10 with the denoiser under torch.compile
 
 Chunk length 16 (Diffusion Policy: obs horizon 2, prediction horizon 16), obs 28 / act 5 (cube-single
 sizes). Each configuration runs interleaved in rounds (order rotates every round) so a shared machine's
@@ -44,7 +45,7 @@ OBS, ACT, TO, H = 28, 5, 2, 16
 DENOISERS = {"unet": ("unet", {}), "unet-small": ("unet", {"channels": (32, 64)}), "mlp": ("mlp", {})}
 
 
-def contenders(name: str) -> dict:
+def contenders(name: str, compiled: bool = False) -> dict:
     torch.manual_seed(0)
     denoiser, kwargs = DENOISERS[name]
     shape = dict(obs_horizon=TO, pred_horizon=H, execute_horizon=8, denoiser=denoiser, denoiser_kwargs=kwargs)
@@ -65,7 +66,15 @@ def contenders(name: str) -> dict:
             return flow.act(obs, deterministic=False)
         return run
 
-    return {f"{denoiser}/diffusion DDPM-100": diff("ddpm", 100), f"{denoiser}/diffusion DDIM-10": diff("ddim", 10),
+    extra = {}
+    if compiled:  # the same weights with the denoiser under torch.compile (inductor), DDIM-10
+        torch.manual_seed(0)
+        fast = DiffusionPolicy(OBS, ACT, **shape).eval()
+        fast.load_state_dict(diffusion.state_dict())
+        fast.net.compile()
+        fast.set_sampler("ddim", 10)
+        extra[f"{denoiser}/diffusion DDIM-10 (compiled denoiser)"] = lambda obs: fast.act(obs, deterministic=False)
+    return extra | {f"{denoiser}/diffusion DDPM-100": diff("ddpm", 100), f"{denoiser}/diffusion DDIM-10": diff("ddim", 10),
             f"{denoiser}/diffusion DDIM-5": diff("ddim", 5), f"{denoiser}/flow Euler-10": fl("euler", 10),
             f"{denoiser}/flow one-step": fl("onestep", 1),
             f"{denoiser}/diffusion DDIM-10 (diffusers .step loop)": diff("ddim", 10, reference=True)}
@@ -103,6 +112,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 round, few calls")
     parser.add_argument("--denoisers", default="unet,unet-small,mlp", help=f"comma list of {', '.join(DENOISERS)}")
+    parser.add_argument("--compile", action="store_true", help="also time DDIM-10 with the denoiser under torch.compile")
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                         help="goals on thread CPU time (robust to other processes on a shared machine) or wall time")
     args = parser.parse_args()
@@ -112,7 +122,7 @@ def main() -> None:
     load_before = os.getloadavg()
     runs = {}
     for denoiser in args.denoisers.split(","):
-        runs.update(contenders(denoiser))
+        runs.update(contenders(denoiser, args.compile))
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
     names = list(runs)
     with torch.inference_mode():
@@ -142,7 +152,10 @@ def main() -> None:
         speedup = med[f"{denoiser}/diffusion DDPM-100"] / med[f"{denoiser}/flow one-step"]
         ddim10 = med[f"{denoiser}/diffusion DDIM-10"]
         overhead = med[f"{denoiser}/diffusion DDIM-10 (diffusers .step loop)"] / ddim10
-        goals[denoiser] = {"onestep_speedup_vs_ddpm100": speedup, "onestep_goal_20x": speedup >= 20,
+        compiled = med.get(f"{denoiser}/diffusion DDIM-10 (compiled denoiser)")
+        if compiled is not None:
+            print(f"{denoiser}: DDIM-10 with the denoiser compiled {compiled:.2f} ms ({ddim10 / compiled:.2f}x eager)")
+        goals[denoiser] = {"ddim10_compiled_ms": compiled, "onestep_speedup_vs_ddpm100": speedup, "onestep_goal_20x": speedup >= 20,
                            "ddim10_ms": ddim10, "ddim10_goal_under_10ms": ddim10 < 10.0,
                            "diffusers_step_loop_over_precomputed": overhead}
         print(f"{denoiser}: one-step flow is {speedup:.0f}x faster than DDPM-100 (goal >= 20x: "

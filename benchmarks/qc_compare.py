@@ -37,7 +37,9 @@ def main() -> None:
     algos = [a for a in args.algos.split(",") if a]
     root = args.out or REPO / "benchmarks" / "results" / f"qc_{args.env}_{datetime.now():%Y%m%d-%H%M%S}"
     root.mkdir(parents=True, exist_ok=True)
-    experiment = ["experiment=smoke"] if args.quick else [f"experiment={args.experiment}"]
+    # quick: the smoke budgets with the qc_manip data and networks (oracle task data, flow policy)
+    experiment = (["experiment=smoke", "dataset=task", "policy=flow"] if args.quick
+                  else [f"experiment={args.experiment}"])
     if not args.quick:  # one dataset generation before the sweeps would race to make it
         subprocess.run([sys.executable, "-c", "import sys; from hydra import compose, initialize_config_dir\n"
                         "from embodied.train import CONF_DIR, load_dataset\n"

@@ -88,6 +88,51 @@ def sb3_sac_flops(batch: int = BATCH) -> float:
 
 
 # -- contenders: each is a function that runs k updates -------------------------------------------
+def matmul_floor(num_critics: int = 2):
+    """The matmuls of one of our SAC updates and nothing else (same shapes, order and kernels as
+    `update_flops` counts: critics as baddbmm/bmm, actor as addmm/mm), on preallocated tensors. Its
+    rate is the ceiling for any implementation doing our arithmetic on this core: ceiling / SB3 says
+    how fast ours could be with zero non-matmul overhead."""
+    g = torch.Generator().manual_seed(0)
+    rand = lambda *shape: torch.randn(*shape, generator=g)
+    ops = []
+
+    def layer_ops(layers, rows, members, forward=False, weight_grad=False, input_grad=False, first_input_grad=False):
+        for index, (fan_in, fan_out) in enumerate(layers):
+            if members:
+                x, w, dy = rand(members, rows, fan_in), rand(members, fan_in, fan_out), rand(members, rows, fan_out)
+                bias = rand(members, 1, fan_out)
+                if forward:
+                    ops.append(lambda b=bias, x=x, w=w: torch.baddbmm(b, x, w))
+                if weight_grad:
+                    ops.append(lambda x=x, dy=dy: torch.bmm(x.transpose(1, 2), dy))
+                if input_grad and (index > 0 or first_input_grad):
+                    ops.append(lambda dy=dy, w=w: torch.bmm(dy, w.transpose(1, 2)))
+            else:
+                x, w, dy, bias = rand(rows, fan_in), rand(fan_in, fan_out), rand(rows, fan_out), rand(fan_out)
+                if forward:
+                    ops.append(lambda b=bias, x=x, w=w: torch.addmm(b, x, w))
+                if weight_grad:
+                    ops.append(lambda x=x, dy=dy: torch.mm(x.t(), dy))
+                if input_grad and (index > 0 or first_input_grad):
+                    ops.append(lambda dy=dy, w=w: torch.mm(dy, w.t()))
+
+    actor, critic, n = _layers(OBS, 2 * ACT), _layers(OBS + ACT, 1), num_critics
+    layer_ops(actor, BATCH, 0, forward=True)                                       # target: pi(s')
+    layer_ops(critic, BATCH, n, forward=True)                                      # target critics
+    layer_ops(critic, BATCH, n, forward=True, weight_grad=True, input_grad=True)   # critic step
+    layer_ops(actor, BATCH, 0, forward=True)                                       # actor step: pi(s)
+    layer_ops(critic, BATCH, n, forward=True)                                      # Q(s, pi(s))
+    layer_ops(critic, BATCH, n, input_grad=True, first_input_grad=True)            # dQ/da (critics frozen)
+    layer_ops(actor, BATCH, 0, weight_grad=True, input_grad=True)                  # actor gradients
+
+    def run(k: int) -> None:
+        for _ in range(k):
+            for op in ops:
+                op()
+    return run
+
+
 def _pool(seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return dict(observations=torch.randn(POOL, OBS, generator=g), actions=torch.rand(POOL, ACT, generator=g) * 2 - 1,
@@ -152,7 +197,7 @@ def d3rlpy_algo(kind: str):
     return run
 
 
-def build(quick: bool) -> tuple[dict, list[str]]:
+def build(quick: bool, compile_agent: bool = False) -> tuple[dict, list[str]]:
     pool, contenders, skipped = _pool(), {}, []
     sac = lambda critics, ln, bf16: SAC(OBS, ACT, SACConfig(hidden=HIDDEN, num_critics=critics, num_min=2,
                                                              critic_layernorm=ln, bf16=bf16), seed=0)
@@ -163,6 +208,12 @@ def build(quick: bool) -> tuple[dict, list[str]]:
         for calql, name in ((False, "CQL"), (True, "Cal-QL")):
             cfg = CQLConfig(hidden=HIDDEN, num_critics=2, calql=calql, bf16=bf16)
             contenders[f"ours {name} {tag}"] = ours(CQL(OBS, ACT, cfg, seed=0), pool)
+    contenders["matmuls only, SAC 2 critics fp32"] = matmul_floor(2)
+    if compile_agent:  # torch.compile of our two update steps (inductor, CPU), as a measured alternative
+        agent = sac(2, False, False)
+        agent.update_critic = torch.compile(agent.update_critic)
+        agent.update_actor_and_alpha = torch.compile(agent.update_actor_and_alpha)
+        contenders["ours SAC 2 critics fp32 compiled"] = ours(agent, pool)
     for name, make, package in (("SB3 SAC", sb3_sac, "stable-baselines3"),
                                 ("d3rlpy SAC", lambda: d3rlpy_algo("sac"), "d3rlpy==2.8.1 (--no-deps)"),
                                 ("d3rlpy CQL", lambda: d3rlpy_algo("cql"), "d3rlpy==2.8.1 (--no-deps)")):
@@ -203,12 +254,13 @@ def main() -> None:
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="wall: elapsed time; cpu: this process's CPU time, which a loaded machine does not "
                              "inflate (meaningful with --threads 1)")
+    parser.add_argument("--compile", action="store_true", help="also time our fp32 SAC update under torch.compile")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.seconds = 1, 0.05
     torch.set_num_threads(args.threads)
-    contenders, skipped = build(args.quick)
+    contenders, skipped = build(args.quick, args.compile)
     torch.set_num_threads(args.threads)  # peers' constructors must not change it
     load_before = os.getloadavg()
     clock = time.perf_counter if args.clock == "wall" else time.process_time
@@ -239,6 +291,10 @@ def main() -> None:
     if "SB3 SAC" in median:
         goal("ours SAC 2 critics fp32 / SB3 SAC", ratio("ours SAC 2 critics fp32", "SB3 SAC"), 1.5)
         goal("ours SAC 2 critics bf16 / SB3 SAC", ratio("ours SAC 2 critics bf16", "SB3 SAC"), 2.0)
+        floor = ratio("matmuls only, SAC 2 critics fp32", "SB3 SAC")
+        overhead = 1 - ratio("matmuls only, SAC 2 critics fp32", "ours SAC 2 critics fp32") ** -1
+        print(f"  (ceiling: our matmuls alone / SB3 SAC = {floor:.2f}x; non-matmul share of our fp32 update "
+              f"{overhead:.0%}; 1.5x needs it at or below {1 - 1.5 / floor:.0%})")
     if "d3rlpy CQL" in median:
         for tag in ("fp32", "bf16"):
             goal(f"ours CQL {tag} / d3rlpy CQL", ratio(f"ours CQL {tag}", "d3rlpy CQL"), 3.0)

@@ -8,12 +8,10 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
 import sys
 from pathlib import Path
 
 import hydra
-import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 

@@ -19,6 +19,9 @@ def script(name: str, *args: str, timeout: int = 300) -> subprocess.CompletedPro
 def test_update_speed_quick(tmp_path):
     result = script("update_speed.py", "--quick", "--threads", "1", "--out", str(tmp_path))
     assert "ours SAC 2 critics fp32" in result.stdout and "goals" in result.stdout
+    assert "matmuls only, SAC 2 critics fp32" in result.stdout
+    if "SB3 SAC " in result.stdout:  # stable-baselines3 installed (extra `bench`): the ceiling is printed
+        assert "ceiling: our matmuls alone / SB3 SAC" in result.stdout
     assert not list(tmp_path.glob("update_speed-*.json"))  # a smoke run never overwrites real results
 
 
@@ -29,7 +32,7 @@ def test_bf16_check_quick(tmp_path):
 
 
 def test_o2o_compare_quick(tmp_path, monkeypatch):
-    result = script("o2o_compare.py", "--quick", "--seeds", "1", "--presets", "wsrl,scratch", "--out", str(tmp_path),
+    script("o2o_compare.py", "--quick", "--seeds", "1", "--presets", "wsrl,scratch", "--out", str(tmp_path),
                     timeout=600)
     report = (tmp_path / "REPORT.md").read_text()
     assert "| wsrl | hopper |" in report and "| scratch | pointmaze-umaze |" in report

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from embodied.agents.nets import adam, tune_allocator, to_torch
-from embodied.agents.sac import checkpoint_tensors, restore_tensors
+from embodied.agents.nets import TensorCheckpoint, adam, to_torch, tune_allocator
 from policies.gaussian import TanhGaussianPolicy
 
 
@@ -24,7 +23,7 @@ class BCConfig:
     state_dependent_std: bool = True   # like SAC's actor, so the policy can be fine-tuned by SAC as is
 
 
-class BC:
+class BC(TensorCheckpoint):
     def __init__(self, obs_dim: int, act_dim: int, cfg: BCConfig = BCConfig(), device: str = "cpu", seed: int = 0):
         self.cfg, self.device = cfg, torch.device(device)
         if self.device.type == "cpu":
@@ -53,9 +52,3 @@ class BC:
 
     def _optimizers(self) -> dict:
         return {"actor_optimizer": self.actor_optimizer}
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return checkpoint_tensors(self)
-
-    def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
-        restore_tensors(self, tensors)

@@ -18,8 +18,7 @@ import torch
 
 import policies
 from embodied.agents.chunking import obs_sequence
-from embodied.agents.nets import to_torch, tune_allocator
-from embodied.agents.sac import checkpoint_tensors, restore_tensors
+from embodied.agents.nets import TensorCheckpoint, to_torch, tune_allocator
 from embodied.errors import ConfigError
 
 
@@ -38,7 +37,7 @@ class GenerativeBCConfig:
     distill_weight: float = 1.0               # flow only: train the one-step head alongside
 
 
-class GenerativeBC:
+class GenerativeBC(TensorCheckpoint):
     def __init__(self, obs_dim: int, act_dim: int, cfg: GenerativeBCConfig = GenerativeBCConfig(), device: str = "cpu",
                  seed: int = 0):
         if cfg.policy not in ("diffusion", "flow"):
@@ -87,9 +86,3 @@ class GenerativeBC:
 
     def _optimizers(self) -> dict:
         return {"optimizer": self.optimizer}
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return checkpoint_tensors(self)
-
-    def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
-        restore_tensors(self, tensors)

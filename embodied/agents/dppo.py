@@ -30,9 +30,8 @@ from tqdm import tqdm
 
 import sims
 from embodied import agents
-from embodied.agents.nets import ValueEnsemble, adam, to_torch, tune_allocator
+from embodied.agents.nets import TensorCheckpoint, ValueEnsemble, adam, to_torch, tune_allocator
 from embodied.agents.runner import Runner, _mean
-from embodied.agents.sac import checkpoint_tensors, restore_tensors
 from embodied.errors import ConfigError
 from policies.base import STATE_KEY
 from policies.diffusion import DiffusionPolicy, gaussian_log_prob
@@ -81,7 +80,7 @@ def clip_ratios(cfg: DPPOConfig) -> torch.Tensor:
     return (cfg.clip_ratio_base + (cfg.clip_ratio - cfg.clip_ratio_base) * grow).float()
 
 
-class DPPO:
+class DPPO(TensorCheckpoint):
     def __init__(self, obs_dim: int, act_dim: int, cfg: DPPOConfig = DPPOConfig(), device: str = "cpu", seed: int = 0,
                  base: DiffusionPolicy | None = None):
         if not 1 <= cfg.ft_denoising_steps <= cfg.denoising_steps:
@@ -127,7 +126,6 @@ class DPPO:
         (rows from the current step on), the fine-tuned latents [B, K+1, Hp, A] and cond [B, C]."""
         actor, cfg = self.actor, self.cfg
         cond = actor.condition(obs_seq)
-        co = actor.coefficients("ddpm", cfg.denoising_steps)
         x = torch.randn(cond.shape[0], actor.pred_horizon, actor.act_dim, device=cond.device)
         latents = []
         for i in range(cfg.denoising_steps):
@@ -217,12 +215,6 @@ class DPPO:
 
     def _optimizers(self) -> dict:
         return {"actor_optimizer": self.actor_optimizer, "critic_optimizer": self.critic_optimizer}
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return checkpoint_tensors(self)
-
-    def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
-        restore_tensors(self, tensors)
 
 
 def gae(rewards: np.ndarray, values: np.ndarray, next_values: np.ndarray, terminals: np.ndarray, dones: np.ndarray,

@@ -23,8 +23,7 @@ from torch.nn import functional as F
 
 import policies
 from embodied.agents.chunking import chunk_td_target
-from embodied.agents.nets import CriticEnsemble, adam, soft_update, to_torch, tune_allocator
-from embodied.agents.sac import checkpoint_tensors, restore_tensors
+from embodied.agents.nets import CriticEnsemble, TensorCheckpoint, adam, soft_update, to_torch, tune_allocator
 from embodied.errors import ConfigError
 
 EXTRACTIONS = ("distill", "best_of_n")
@@ -47,7 +46,7 @@ class FQLConfig:
     normalize_q_loss: bool = True
 
 
-class FQL:
+class FQL(TensorCheckpoint):
     def __init__(self, obs_dim: int, act_dim: int, cfg: FQLConfig = FQLConfig(), device: str = "cpu", seed: int = 0):
         if cfg.extraction not in EXTRACTIONS:
             raise ConfigError(f"algo extraction={cfg.extraction!r} is unknown; valid: {', '.join(EXTRACTIONS)}")
@@ -179,9 +178,3 @@ class FQL:
 
     def _optimizers(self) -> dict:
         return {"actor_optimizer": self.actor_optimizer, "critic_optimizer": self.critic_optimizer}
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return checkpoint_tensors(self)
-
-    def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
-        restore_tensors(self, tensors)

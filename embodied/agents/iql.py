@@ -20,8 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from embodied.agents.nets import CriticEnsemble, ValueEnsemble, adam, mean_q, soft_update, to_torch, tune_allocator
-from embodied.agents.sac import checkpoint_tensors, restore_tensors
+from embodied.agents.nets import CriticEnsemble, TensorCheckpoint, ValueEnsemble, adam, mean_q, soft_update, to_torch, tune_allocator
 from policies.gaussian import TanhGaussianPolicy
 
 
@@ -46,7 +45,7 @@ def expectile_loss(diff: torch.Tensor, expectile: float) -> torch.Tensor:
     return (weight * diff ** 2).mean()
 
 
-class IQL:
+class IQL(TensorCheckpoint):
     def __init__(self, obs_dim: int, act_dim: int, cfg: IQLConfig = IQLConfig(), device: str = "cpu", seed: int = 0):
         self.cfg, self.device = cfg, torch.device(device)
         if self.device.type == "cpu":
@@ -110,9 +109,3 @@ class IQL:
     def _optimizers(self) -> dict:
         return {"actor_optimizer": self.actor_optimizer, "critic_optimizer": self.critic_optimizer,
                 "value_optimizer": self.value_optimizer}
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return checkpoint_tensors(self)
-
-    def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
-        restore_tensors(self, tensors)

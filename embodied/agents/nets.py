@@ -150,3 +150,45 @@ def load_optimizer_tensors(optimizer: torch.optim.Optimizer, tensors: Mapping[st
             index, key = name[len(prefix) + 1:].split(".", 1)
             state.setdefault(int(index), {})[key] = value
     optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
+
+
+class TensorCheckpoint:
+    """`state_dict`/`load_state_dict` for agents, from their `_modules()` and `_optimizers()` maps."""
+
+    def _modules(self) -> dict[str, nn.Module]:
+        raise NotImplementedError
+
+    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return checkpoint_tensors(self)
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        restore_tensors(self, tensors)
+
+
+def checkpoint_tensors(agent) -> dict[str, torch.Tensor]:
+    """Networks, scalar parameters and optimizer moments of any agent exposing _modules/_optimizers."""
+    tensors: dict[str, torch.Tensor] = {}
+    for name, module in agent._modules().items():
+        for key, value in module.state_dict().items():
+            tensors[f"{name}.{key}"] = value.detach().cpu().contiguous()
+    for name in ("log_alpha", "log_cql_alpha"):
+        if getattr(agent, name, None) is not None:
+            tensors[name] = getattr(agent, name).detach().cpu().reshape(())
+    for name, optimizer in agent._optimizers().items():
+        tensors.update(optimizer_tensors(optimizer, name))
+    return tensors
+
+
+def restore_tensors(agent, tensors: dict[str, torch.Tensor]) -> None:
+    for name, module in agent._modules().items():
+        prefix = name + "."
+        module.load_state_dict({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
+    for name in ("log_alpha", "log_cql_alpha"):
+        if name in tensors and getattr(agent, name, None) is not None:
+            with torch.no_grad():
+                getattr(agent, name).copy_(tensors[name])
+    for name, optimizer in agent._optimizers().items():
+        load_optimizer_tensors(optimizer, tensors, name)

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from embodied.agents.nets import (CriticEnsemble, adam, load_optimizer_tensors, mean_q, optimizer_tensors, soft_update, to_torch,
-                                  tune_allocator)
+from embodied.agents.nets import CriticEnsemble, TensorCheckpoint, adam, mean_q, soft_update, to_torch, tune_allocator
 from policies.gaussian import TanhGaussianPolicy
 
 
@@ -36,7 +35,7 @@ class SACConfig:
     bf16: bool = False                 # autocast matmuls to bfloat16 (pays on AVX512-BF16 CPUs and GPUs)
 
 
-class SAC:
+class SAC(TensorCheckpoint):
     def __init__(self, obs_dim: int, act_dim: int, cfg: SACConfig = SACConfig(), device: str = "cpu", seed: int = 0):
         self.cfg, self.device = cfg, torch.device(device)
         if self.device.type == "cpu":
@@ -155,42 +154,10 @@ class SAC:
         """[A] for one observation, [B, A] for a batch."""
         return self.actor.act(obs, deterministic)[..., 0, :]
 
-    # -- checkpoints: one flat tensor dict, safetensors-ready ------------------------------------
+    # -- checkpoints (TensorCheckpoint): one flat tensor dict, safetensors-ready -------------------
     def _modules(self) -> dict:
         return {"actor": self.actor, "critic": self.critic, "target_critic": self.target_critic}
 
     def _optimizers(self) -> dict:
         return {"actor_optimizer": self.actor_optimizer, "critic_optimizer": self.critic_optimizer,
                 "alpha_optimizer": self.alpha_optimizer}
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return checkpoint_tensors(self)
-
-    def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
-        restore_tensors(self, tensors)
-
-
-def checkpoint_tensors(agent) -> dict[str, torch.Tensor]:
-    """Networks, scalar parameters and optimizer moments of any agent exposing _modules/_optimizers."""
-    tensors: dict[str, torch.Tensor] = {}
-    for name, module in agent._modules().items():
-        for key, value in module.state_dict().items():
-            tensors[f"{name}.{key}"] = value.detach().cpu().contiguous()
-    for name in ("log_alpha", "log_cql_alpha"):
-        if getattr(agent, name, None) is not None:
-            tensors[name] = getattr(agent, name).detach().cpu().reshape(())
-    for name, optimizer in agent._optimizers().items():
-        tensors.update(optimizer_tensors(optimizer, name))
-    return tensors
-
-
-def restore_tensors(agent, tensors: dict[str, torch.Tensor]) -> None:
-    for name, module in agent._modules().items():
-        prefix = name + "."
-        module.load_state_dict({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
-    for name in ("log_alpha", "log_cql_alpha"):
-        if name in tensors and getattr(agent, name, None) is not None:
-            with torch.no_grad():
-                getattr(agent, name).copy_(tensors[name])
-    for name, optimizer in agent._optimizers().items():
-        load_optimizer_tensors(optimizer, tensors, name)

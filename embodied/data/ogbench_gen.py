@@ -465,7 +465,7 @@ def _generate_task(spec: GenSpec, progress: bool) -> tuple[Dataset, dict]:
 
 
 def _generate_play(spec: GenSpec, progress: bool) -> tuple[Dataset, dict]:
-    from sims.manip import make_base, suite_of, task_subgoals
+    from sims.manip import make_base, suite_of
 
     suite = suite_of(spec.env)
     rng = np.random.default_rng(spec.seed)

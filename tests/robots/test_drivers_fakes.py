@@ -3,7 +3,6 @@ for them here); the fakes' signatures are checked against the installed SDKs."""
 from __future__ import annotations
 
 import inspect
-import re
 
 import numpy as np
 import pytest
