@@ -44,13 +44,16 @@ class EnsembleMLP(nn.Module):
             x = x.unsqueeze(0).expand(self.num_members, -1, -1)
         last = len(self.weights) - 1
         for i, (weight, bias) in enumerate(zip(self.weights, self.biases)):
-            x = torch.baddbmm(bias, x, weight)
+            # bmm then an in-place bias add, not baddbmm: under bf16 autocast baddbmm first materialises
+            # the broadcast bias in the output, which made CQL's 8k-row critic pass ~5% slower
+            x = torch.bmm(x, weight)
+            x = x.add_(bias.to(x.dtype))
             if i < last:
                 if self.layernorm:  # statistics in fp32 (autocast's rule); affine in the matmul dtype
                     dtype = x.dtype
                     x = F.layer_norm(x, x.shape[-1:]).to(dtype)
                     x = torch.addcmul(self.ln_biases[i].to(dtype), x, self.ln_weights[i].to(dtype))
-                x = torch.relu_(x)  # in place: neither baddbmm's nor addcmul's backward needs its output
+                x = torch.relu_(x)  # in place: neither bmm's, add_'s nor addcmul's backward needs its output
         return x
 
 
