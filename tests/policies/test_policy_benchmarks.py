@@ -2,30 +2,17 @@
 (the real figures are in benchmarks/RESULTS.md)."""
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def script(name: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / name), *args], cwd=REPO, capture_output=True,
-                            text=True, timeout=timeout)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    return result
-
-
-def test_policy_latency_quick():
-    out = script("policy_latency.py", "--quick", "--denoisers", "mlp").stdout
+def test_policy_latency_quick(run_benchmark):
+    out = run_benchmark("policy_latency.py", "--quick", "--denoisers", "mlp").stdout
     for row in ("mlp/diffusion DDPM-100", "mlp/diffusion DDIM-10", "mlp/diffusion DDIM-5", "mlp/flow Euler-10",
                 "mlp/flow one-step"):
         assert f"| {row} |" in out
     assert "one-step flow is" in out and "DDIM-10" in out
 
 
-def test_qc_compare_quick(tmp_path):
-    script("qc_compare.py", "--quick", "--env", "cube-single", "--algos", "qc_fql,fql", "--seeds", "1",
+def test_qc_compare_quick(tmp_path, run_benchmark):
+    run_benchmark("qc_compare.py", "--quick", "--env", "cube-single", "--algos", "qc_fql,fql", "--seeds", "1",
            "--out", str(tmp_path))
     report = (tmp_path / "REPORT.md").read_text()
     assert "| qc_fql | cube-single |" in report and "| fql | cube-single |" in report
