@@ -11,12 +11,13 @@ delay is measured in actions consumed). Every command passes the robot's safety 
 holds the arm when no valid command goes out for `watchdog_deadline_ms`. Episodes are recorded in the
 toolkit's D4RL-layout HDF5 (observations, actions actually sent; rewards 0 because a robot has no
 reward), with per-step safety events, timing and chunk delays under `infos/`, so the file feeds
-offline -> online training. Ctrl-C or any error stops the arm before the process exits.
+offline -> online training. Ctrl-C, SIGTERM or any error stops the arm before the process exits.
 """
 from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -163,8 +164,8 @@ def run(cfg: DictConfig, out_dir: Path, on_step=None) -> dict:
                 if robot.state is State.FAULT:
                     status = f"fault: {robot.fault_reason}"
                     break
-    except KeyboardInterrupt:
-        status = "interrupted (Ctrl-C): arm stopped"
+    except KeyboardInterrupt as err:
+        status = f"interrupted ({err.args[0] if err.args else 'SIGINT'}): arm stopped"
     except RobotFault as err:  # the robot already went to `fault` and stopped; record why
         status = f"fault: {err}"
     finally:
@@ -320,9 +321,21 @@ def check_robot_override(argv: list[str]) -> None:
             raise ConfigError(f"robot={value} is not a valid choice; valid: {', '.join(robots.names())}")
 
 
+def _stop_on_signals() -> None:
+    """Ctrl-C and `kill` (SIGTERM, what systemd and docker send) both raise KeyboardInterrupt, whose
+    path stops the arm and saves the data; SIGINT is re-armed because shells start background jobs
+    (`nohup ... &`) with it ignored, and Python keeps an inherited ignore."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 @exit_on_user_error
 def main() -> None:
     check_robot_override(sys.argv[1:])
+    _stop_on_signals()
     _hydra_main()
 
 

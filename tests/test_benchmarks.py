@@ -7,7 +7,7 @@ def test_update_speed_quick(tmp_path, run_benchmark):
     result = run_benchmark("update_speed.py", "--quick", "--threads", "1", "--out", str(tmp_path))
     assert "ours SAC 2 critics fp32" in result.stdout and "goals" in result.stdout
     assert "matmuls only, SAC 2 critics fp32" in result.stdout
-    if "SB3 SAC " in result.stdout:  # stable-baselines3 installed (extra `bench`): the ceiling is printed
+    if "\nSB3 SAC " in result.stdout:  # its table row: stable-baselines3 installed (extra `bench`)
         assert "ceiling: our matmuls alone / SB3 SAC" in result.stdout
     assert not list(tmp_path.glob("update_speed-*.json"))  # a smoke run never overwrites real results
 

@@ -110,22 +110,26 @@ def test_cli_smoke_and_user_errors(checkpoint, tmp_path):
     assert missing.returncode == 2 and "policy" in missing.stderr and "Traceback" not in missing.stderr
 
 
-def test_ctrl_c_stops_the_arm_and_keeps_the_data(checkpoint, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_kill_stops_the_arm_and_keeps_the_data(checkpoint, tmp_path, signum):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # started with SIGINT ignored, as a shell starts background jobs: deploy must re-arm it
     proc = subprocess.Popen([sys.executable, "-m", "robots.deploy", "robot=sim_ur5e", f"policy={checkpoint}",
                              "episode_s=60", f"hydra.run.dir={tmp_path}"], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         for line in proc.stdout:          # hydra logs first; wait until the loop is about to start
             if line.startswith("deploying"):
                 break
         time.sleep(1.5)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, stderr[-2000:]
     summary = json.loads((tmp_path / "deploy_summary.json").read_text())
-    assert summary["status"].startswith("interrupted") and summary["actions_sent"] > 0
+    assert summary["status"] == f"interrupted ({signum.name}): arm stopped" and summary["actions_sent"] > 0
+    assert summary["wall_s"] < 30
     assert (tmp_path / "episodes.hdf5").is_file()
