@@ -44,7 +44,7 @@ def evaluate(env_name: str, policy: BatchPolicy, episodes: int, seed: int, gamma
              reward_transform: Callable[[np.ndarray], np.ndarray] = lambda r: r, env_kwargs: dict | None = None,
              envs: list | None = None) -> EvalResult:
     """Run `episodes` episodes of `policy` (deterministic is the caller's choice) in lock-step."""
-    envs = envs or _eval_envs(env_name, episodes, env_kwargs)
+    envs = envs or eval_envs(env_name, episodes, env_kwargs)
     states = np.stack([env.reset(seed=seed + i)[0][STATE_KEY] for i, env in enumerate(envs[:episodes])])
     alive = np.ones(episodes, bool)
     returns, lengths, successes = np.zeros(episodes), np.zeros(episodes, int), np.zeros(episodes, bool)
@@ -85,7 +85,7 @@ _ENV_CACHE: dict = {}
 _SLOW_TO_BUILD = ("cube-", "scene", "puzzle-")  # OGBench manipspace: ~1 s per env build
 
 
-def _eval_envs(env_name: str, episodes: int, env_kwargs: dict | None) -> list:
+def eval_envs(env_name: str, episodes: int, env_kwargs: dict | None = None) -> list:
     """Fresh envs, except for tasks that are slow to build: those are built once and reused (every
     episode starts with reset(seed=...), so reuse changes nothing but the time)."""
     if not env_name.startswith(_SLOW_TO_BUILD):

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 import policies
-from embodied.agents.chunking import obs_sequence
+from embodied.agents.chunking import GenerativeChunkActing, obs_sequence
 from embodied.agents.nets import TensorCheckpoint, to_torch, tune_allocator
 from embodied.errors import ConfigError
 
@@ -37,7 +37,7 @@ class GenerativeBCConfig:
     distill_weight: float = 1.0               # flow only: train the one-step head alongside
 
 
-class GenerativeBC(TensorCheckpoint):
+class GenerativeBC(GenerativeChunkActing, TensorCheckpoint):
     def __init__(self, obs_dim: int, act_dim: int, cfg: GenerativeBCConfig = GenerativeBCConfig(), device: str = "cpu",
                  seed: int = 0):
         if cfg.policy not in ("diffusion", "flow"):
@@ -72,14 +72,6 @@ class GenerativeBC(TensorCheckpoint):
         metrics["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         return {k: float(v) for k, v in metrics.items()}
-
-    @torch.no_grad()
-    def act_chunk(self, obs_seq: np.ndarray, deterministic: bool = False) -> np.ndarray:
-        return self.actor.act(np.asarray(obs_seq, np.float32), deterministic=deterministic)
-
-    def act(self, obs, deterministic: bool = False) -> np.ndarray:
-        """First action of a fresh chunk (for step-wise callers; the runner executes whole chunks)."""
-        return self.actor.act(obs, deterministic)[..., 0, :]
 
     def _modules(self) -> dict:
         return {"actor": self.actor}

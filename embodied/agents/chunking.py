@@ -13,25 +13,25 @@ from collections import deque
 import numpy as np
 import torch
 
-import sims
-from embodied.evaluation import EvalResult, episode_result
+from embodied.evaluation import EvalResult, eval_envs, episode_result
 from policies.base import STATE_KEY
 from policies.executors import OpenLoopExecutor
-
-try:  # slow-to-build tasks (manipulation) keep their eval envs between evaluations
-    from embodied.evaluation import _eval_envs as _cached_envs
-except ImportError:  # pragma: no cover
-    _cached_envs = None
-
-
-def _eval_envs(env_name: str, episodes: int) -> list:
-    if _cached_envs is not None:
-        return _cached_envs(env_name, episodes, None)
-    return [sims.make(env_name) for _ in range(episodes)]
 
 
 def is_chunked(agent) -> bool:
     return hasattr(agent, "act_chunk")
+
+
+class GenerativeChunkActing:
+    """Acting for agents whose `actor` is a generative chunk policy (diffusion or flow)."""
+
+    @torch.no_grad()
+    def act_chunk(self, obs_seq: np.ndarray, deterministic: bool = False) -> np.ndarray:
+        return self.actor.act(np.asarray(obs_seq, np.float32), deterministic=deterministic)
+
+    def act(self, obs, deterministic: bool = False) -> np.ndarray:
+        """First action of a fresh chunk (for step-wise callers; the runner executes whole chunks)."""
+        return self.actor.act(obs, deterministic)[..., 0, :]
 
 
 def obs_sequence(batch: dict, obs_horizon: int) -> torch.Tensor | np.ndarray:
@@ -90,7 +90,7 @@ def evaluate_chunked(env_name: str, chunk_fn, obs_horizon: int, execute_horizon:
     whenever any env's executor wants one, each env executing its chunk open-loop. At most `max_envs`
     envs exist at once (episodes run in waves): a manipulation env holds ~100 MB."""
     width = max(1, min(episodes, max_envs))
-    envs = _eval_envs(env_name, width)
+    envs = eval_envs(env_name, width)
     returns, lengths, successes = np.zeros(episodes), np.zeros(episodes, int), np.zeros(episodes, bool)
     traj = [([], [], []) for _ in range(episodes)]
     for first in range(0, episodes, width):

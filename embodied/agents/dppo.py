@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 import sims
 from embodied import agents
+from embodied.agents.chunking import GenerativeChunkActing
 from embodied.agents.nets import TensorCheckpoint, ValueEnsemble, adam, to_torch, tune_allocator
 from embodied.agents.runner import Runner, _mean
 from embodied.errors import ConfigError
@@ -80,7 +81,7 @@ def clip_ratios(cfg: DPPOConfig) -> torch.Tensor:
     return (cfg.clip_ratio_base + (cfg.clip_ratio - cfg.clip_ratio_base) * grow).float()
 
 
-class DPPO(TensorCheckpoint):
+class DPPO(GenerativeChunkActing, TensorCheckpoint):
     def __init__(self, obs_dim: int, act_dim: int, cfg: DPPOConfig = DPPOConfig(), device: str = "cpu", seed: int = 0,
                  base: DiffusionPolicy | None = None):
         if not 1 <= cfg.ft_denoising_steps <= cfg.denoising_steps:
@@ -202,14 +203,7 @@ class DPPO(TensorCheckpoint):
         metrics["epochs_run"] = float(len(history))
         return metrics
 
-    # -- acting / checkpoints -------------------------------------------------------------------------------
-    @torch.no_grad()
-    def act_chunk(self, obs_seq: np.ndarray, deterministic: bool = False) -> np.ndarray:
-        return self.actor.act(np.asarray(obs_seq, np.float32), deterministic=deterministic)
-
-    def act(self, obs, deterministic: bool = False) -> np.ndarray:
-        return self.actor.act(obs, deterministic)[..., 0, :]
-
+    # -- checkpoints (acting comes from GenerativeChunkActing) --------------------------------------------
     def _modules(self) -> dict:
         return {"actor": self.actor, "critic": self.critic}
 
