@@ -2,6 +2,13 @@
 benchmarks/RESULTS.md); peers that are not installed are skipped by the scripts themselves."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
 
 def test_update_speed_quick(tmp_path, run_benchmark):
     result = run_benchmark("update_speed.py", "--quick", "--threads", "1", "--out", str(tmp_path))
@@ -23,3 +30,18 @@ def test_o2o_compare_quick(tmp_path, monkeypatch, run_benchmark):
                     timeout=600)
     report = (tmp_path / "REPORT.md").read_text()
     assert "| wsrl | hopper |" in report and "| scratch | pointmaze-umaze |" in report
+
+
+def test_training_episodes_reports_first_and_last_share(tmp_path, run_benchmark):
+    run = tmp_path / "sweep" / "0_run"
+    run.mkdir(parents=True)
+    rows = [{"step": i, "online/episode_return": float(i), "online/success": float(i >= 10)} for i in range(20)]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in [{"kind": "eval"}, *rows]) + "\n")
+    out = run_benchmark("training_episodes.py", str(tmp_path), "--fraction", "0.25").stdout
+    assert "| sweep/0_run | 20 | 0.000 -> 1.000 | 2.0 -> 17.0 |" in out
+
+
+def test_training_episodes_rejects_a_directory_without_runs(tmp_path):
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "training_episodes.py"), str(tmp_path)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "no metrics.jsonl under" in result.stderr and "Traceback" not in result.stderr
