@@ -116,6 +116,11 @@ def main() -> None:
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                         help="goals on thread CPU time (robust to other processes on a shared machine) or wall time")
     args = parser.parse_args()
+    unknown = [d for d in args.denoisers.split(",") if d not in DENOISERS]
+    if unknown:
+        parser.error(f"--denoisers: unknown {', '.join(unknown)}; valid: {', '.join(DENOISERS)}")
+    if args.threads < 1:
+        parser.error(f"--threads={args.threads} must be >= 1")
     torch.set_num_threads(args.threads)
     rounds = 1 if args.quick else args.rounds
     obs = np.random.default_rng(0).normal(size=(TO, OBS)).astype(np.float32)[None]  # [1, To, obs]: batch 1

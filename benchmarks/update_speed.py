@@ -257,6 +257,8 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also time our fp32 SAC update under torch.compile")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
+    if args.threads < 1 or args.rounds < 1 or args.seconds <= 0:
+        parser.error("--threads and --rounds must be >= 1 and --seconds > 0")
     if args.quick:
         args.rounds, args.seconds = 1, 0.05
     torch.set_num_threads(args.threads)

@@ -2,6 +2,10 @@
 (the real figures are in benchmarks/RESULTS.md)."""
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 
 def test_policy_latency_quick(run_benchmark):
     out = run_benchmark("policy_latency.py", "--quick", "--denoisers", "mlp").stdout
@@ -16,3 +20,11 @@ def test_qc_compare_quick(tmp_path, run_benchmark):
            "--out", str(tmp_path))
     report = (tmp_path / "REPORT.md").read_text()
     assert "| qc_fql | cube-single |" in report and "| fql | cube-single |" in report
+
+
+def test_policy_latency_rejects_an_unknown_denoiser():
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "policy_latency.py"
+    result = subprocess.run([sys.executable, str(script), "--quick", "--denoisers", "mlp,resnet"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "--denoisers: unknown resnet; valid: unet, unet-small, mlp" in result.stderr
+    assert "Traceback" not in result.stderr
