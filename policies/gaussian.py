@@ -10,20 +10,9 @@ from torch.nn import functional as F
 
 import policies
 from policies.base import Policy, state_of
+from policies.mlp import mlp
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
-
-
-def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, layernorm: bool = False) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for width in hidden:
-        layers += [nn.Linear(in_dim, width)]
-        if layernorm:
-            layers += [nn.LayerNorm(width)]
-        layers += [nn.ReLU()]
-        in_dim = width
-    layers.append(nn.Linear(in_dim, out_dim))
-    return nn.Sequential(*layers)
 
 
 @policies.register("gaussian")
@@ -55,9 +44,10 @@ class TanhGaussianPolicy(Policy):
     def sample_with_log_prob(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Reparameterised tanh-Gaussian sample and its log-density (with the tanh Jacobian)."""
         mean, log_std = self(obs)
-        std = log_std.exp()
-        pre_tanh = mean + std * torch.randn_like(mean)
-        log_prob = _gaussian_log_prob(pre_tanh, mean, log_std) - _tanh_log_det(pre_tanh)
+        noise = torch.randn_like(mean)
+        pre_tanh = mean + log_std.exp() * noise
+        # the Gaussian term from the noise itself: (pre_tanh - mean) / std is the noise, exactly
+        log_prob = -0.5 * noise.square() - log_std - (0.5 * math.log(2 * math.pi)) - _tanh_log_det(pre_tanh)
         return torch.tanh(pre_tanh), log_prob.sum(-1)
 
     def log_prob(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:

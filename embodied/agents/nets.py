@@ -12,6 +12,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from policies.mlp import fused_path_ok, fused_relu_mlp
+
 
 class EnsembleMLP(nn.Module):
     """N independent MLPs evaluated as one batched matmul per layer (no Python loop over members).
@@ -39,7 +41,12 @@ class EnsembleMLP(nn.Module):
                 self.ln_weights.append(nn.Parameter(torch.ones(num_members, 1, fan_out)))
                 self.ln_biases.append(nn.Parameter(torch.zeros(num_members, 1, fan_out)))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, x2: torch.Tensor | None = None) -> torch.Tensor:
+        """x2 (optional) is concatenated to x; the fused path then skips x's input gradient."""
+        if not self.layernorm and x.ndim == 2 and fused_path_ok(x):
+            return fused_relu_mlp(x, list(self.weights), list(self.biases), x2)
+        if x2 is not None:
+            x = torch.cat([x, x2], dim=-1)
         if x.ndim == 2:
             x = x.unsqueeze(0).expand(self.num_members, -1, -1)
         last = len(self.weights) - 1
@@ -67,7 +74,7 @@ class CriticEnsemble(nn.Module):
         self.net = EnsembleMLP(num_critics, obs_dim + act_dim, hidden, 1, layernorm)
 
     def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        return self.net(torch.cat([obs, action], dim=-1)).squeeze(-1)
+        return self.net(obs, action).squeeze(-1)
 
 
 class ValueEnsemble(nn.Module):

@@ -130,15 +130,13 @@ class SAC(TensorCheckpoint):
         log_prob = log_prob.float()
         alpha = self.log_alpha.exp().detach()
         actor_loss = (alpha * log_prob - q).mean()
-        self.actor_optimizer.zero_grad(set_to_none=True)
-        actor_loss.backward()
-        self.actor_optimizer.step()
-        self.critic.requires_grad_(True)
-
         alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
+        self.actor_optimizer.zero_grad(set_to_none=True)
         self.alpha_optimizer.zero_grad(set_to_none=True)
-        alpha_loss.backward()
+        (actor_loss + alpha_loss).backward()  # the two losses share no parameters: one backward pass serves both
+        self.actor_optimizer.step()
         self.alpha_optimizer.step()
+        self.critic.requires_grad_(True)
         return {"actor_loss": actor_loss.detach(), "alpha": alpha, "entropy": -log_prob.detach().mean()}
 
     def update(self, batch) -> dict[str, float]:
