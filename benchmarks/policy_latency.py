@@ -45,12 +45,12 @@ OBS, ACT, TO, H = 28, 5, 2, 16
 DENOISERS = {"unet": ("unet", {}), "unet-small": ("unet", {"channels": (32, 64)}), "mlp": ("mlp", {})}
 
 
-def contenders(name: str, compiled: bool = False) -> dict:
+def contenders(name: str, compiled: bool = False, device: str = "cpu") -> dict:
     torch.manual_seed(0)
     denoiser, kwargs = DENOISERS[name]
     shape = dict(obs_horizon=TO, pred_horizon=H, execute_horizon=8, denoiser=denoiser, denoiser_kwargs=kwargs)
-    diffusion = DiffusionPolicy(OBS, ACT, **shape).eval()
-    flow = FlowPolicy(OBS, ACT, **shape).eval()
+    diffusion = DiffusionPolicy(OBS, ACT, **shape).eval().to(device)
+    flow = FlowPolicy(OBS, ACT, **shape).eval().to(device)
     denoiser = name
 
     def diff(sampler, steps, reference=False):
@@ -69,7 +69,7 @@ def contenders(name: str, compiled: bool = False) -> dict:
     extra = {}
     if compiled:  # the same weights with the denoiser under torch.compile (inductor), DDIM-10
         torch.manual_seed(0)
-        fast = DiffusionPolicy(OBS, ACT, **shape).eval()
+        fast = DiffusionPolicy(OBS, ACT, **shape).eval().to(device)
         fast.load_state_dict(diffusion.state_dict())
         fast.net.compile()
         fast.set_sampler("ddim", 10)
@@ -115,7 +115,14 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also time DDIM-10 with the denoiser under torch.compile")
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                         help="goals on thread CPU time (robust to other processes on a shared machine) or wall time")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]; on CUDA the goals use wall time (each call "
+                                                        "ends with the actions back on the host)")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"), help="folder for the JSON result")
     args = parser.parse_args()
+    if args.device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            parser.error(f"--device={args.device}: torch sees no CUDA device; use --device cpu")
+        args.clock = "wall"
     unknown = [d for d in args.denoisers.split(",") if d not in DENOISERS]
     if unknown:
         parser.error(f"--denoisers: unknown {', '.join(unknown)}; valid: {', '.join(DENOISERS)}")
@@ -127,7 +134,7 @@ def main() -> None:
     load_before = os.getloadavg()
     runs = {}
     for denoiser in args.denoisers.split(","):
-        runs.update(contenders(denoiser, args.compile))
+        runs.update(contenders(denoiser, args.compile, args.device))
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
     names = list(runs)
     with torch.inference_mode():
@@ -143,7 +150,8 @@ def main() -> None:
     cpu = {name: statistics.median(c for _, c in v) for name, v in samples.items()}
     med = cpu if args.clock == "cpu" else wall
 
-    print(f"\nper-chunk latency, batch 1, chunk {H} x {ACT} (obs horizon {TO}), {args.threads} thread(s), "
+    where = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else f"{args.threads} thread(s)"
+    print(f"\nper-chunk latency, batch 1, chunk {H} x {ACT} (obs horizon {TO}), {where}, "
           f"load avg {load_before[0]:.2f} -> {load_after[0]:.2f}")
     print("| policy / sampler | median ms (thread CPU) | median ms (wall) | p90 ms (wall) | calls |")
     print("|---|---|---|---|---|")
@@ -171,8 +179,9 @@ def main() -> None:
               "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
               "clock": args.clock, "median_ms": med, "median_wall_ms": wall, "median_cpu_ms": cpu,
               "samples_wall_cpu_ms": samples, "bare_ddim_step_ms": step_ms, "goals": goals,
-              "quick": args.quick}
-    out = Path(__file__).parent / "results" / f"policy_latency-{args.threads}thr-{args.clock}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+              "quick": args.quick, "device": where}
+    tag = "cuda" if args.device.startswith("cuda") else f"{args.threads}thr"
+    out = Path(args.out) / f"policy_latency-{tag}-{args.clock}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     if not args.quick:
         out.write_text(json.dumps(result, indent=2))
         print(f"wrote {out}")

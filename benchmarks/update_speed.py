@@ -88,13 +88,13 @@ def sb3_sac_flops(batch: int = BATCH) -> float:
 
 
 # -- contenders: each is a function that runs k updates -------------------------------------------
-def matmul_floor(num_critics: int = 2):
+def matmul_floor(num_critics: int = 2, device: str = "cpu"):
     """The matmuls of one of our SAC updates and nothing else (same shapes, order and kernels as
     `update_flops` counts: critics as baddbmm/bmm, actor as addmm/mm), on preallocated tensors. Its
     rate is the ceiling for any implementation doing our arithmetic on this core: ceiling / SB3 says
     how fast ours could be with zero non-matmul overhead."""
     g = torch.Generator().manual_seed(0)
-    rand = lambda *shape: torch.randn(*shape, generator=g)
+    rand = lambda *shape: torch.randn(*shape, generator=g).to(device)
     ops = []
 
     def layer_ops(layers, rows, members, forward=False, weight_grad=False, input_grad=False, first_input_grad=False):
@@ -133,22 +133,25 @@ def matmul_floor(num_critics: int = 2):
     return run
 
 
-def _pool(seed: int = 0) -> dict[str, torch.Tensor]:
+def _pool(seed: int = 0, device: str = "cpu") -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return dict(observations=torch.randn(POOL, OBS, generator=g), actions=torch.rand(POOL, ACT, generator=g) * 2 - 1,
+    pool = dict(observations=torch.randn(POOL, OBS, generator=g), actions=torch.rand(POOL, ACT, generator=g) * 2 - 1,
                 rewards=torch.randn(POOL, generator=g), next_observations=torch.randn(POOL, OBS, generator=g),
                 terminals=(torch.rand(POOL, generator=g) < 0.01).float(), mc_returns=torch.randn(POOL, generator=g) * 10)
+    return {key: value.to(device) for key, value in pool.items()}
 
 
 def ours(agent, pool):
+    device = next(iter(pool.values())).device
+
     def run(k: int) -> None:
         for _ in range(k):
-            idx = torch.randint(POOL, (BATCH,))
+            idx = torch.randint(POOL, (BATCH,), device=device)
             agent.update({key: value[idx] for key, value in pool.items()})
     return run
 
 
-def sb3_sac():
+def sb3_sac(device: str = "cpu"):
     import gymnasium as gym
     from stable_baselines3 import SAC as SB3SAC
     from stable_baselines3.common.logger import Logger
@@ -163,7 +166,7 @@ def sb3_sac():
         def step(self, action):
             return np.zeros(OBS, np.float32), 0.0, False, False, {}
 
-    model = SB3SAC("MlpPolicy", Dummy(), buffer_size=POOL, batch_size=BATCH, learning_starts=0, device="cpu", seed=0,
+    model = SB3SAC("MlpPolicy", Dummy(), buffer_size=POOL, batch_size=BATCH, learning_starts=0, device=device, seed=0,
                    policy_kwargs=dict(net_arch=[256, 256]))
     model.set_logger(Logger(folder=None, output_formats=[]))
     rb, rng = model.replay_buffer, np.random.default_rng(0)
@@ -175,14 +178,14 @@ def sb3_sac():
     return lambda k: model.train(gradient_steps=k, batch_size=BATCH)
 
 
-def d3rlpy_algo(kind: str):
+def d3rlpy_algo(kind: str, device: str = "cpu"):
     import d3rlpy
     from d3rlpy.dataset import TransitionMiniBatch
 
     encoder = d3rlpy.models.VectorEncoderFactory(hidden_units=list(HIDDEN))
     common = dict(batch_size=BATCH, actor_encoder_factory=encoder, critic_encoder_factory=encoder)
     config = d3rlpy.algos.SACConfig(**common) if kind == "sac" else d3rlpy.algos.CQLConfig(**common)
-    algo = config.create(device="cpu:0")
+    algo = config.create(device="cuda:0" if device.startswith("cuda") else "cpu:0")
     algo.create_impl((OBS,), ACT)
     rng = np.random.default_rng(0)
     f32 = lambda *shape: rng.standard_normal(shape).astype(np.float32)
@@ -197,26 +200,32 @@ def d3rlpy_algo(kind: str):
     return run
 
 
-def build(quick: bool, compile_agent: bool = False) -> tuple[dict, list[str]]:
-    pool, contenders, skipped = _pool(), {}, []
+def build(quick: bool, compile_agent: bool = False, device: str = "cpu") -> tuple[dict, list[str]]:
+    pool, contenders, skipped = _pool(device=device), {}, []
     sac = lambda critics, ln, bf16: SAC(OBS, ACT, SACConfig(hidden=HIDDEN, num_critics=critics, num_min=2,
-                                                             critic_layernorm=ln, bf16=bf16), seed=0)
+                                                             critic_layernorm=ln, bf16=bf16), device=device, seed=0)
     for bf16, tag in ((False, "fp32"), (True, "bf16")):
         contenders[f"ours SAC 2 critics {tag}"] = ours(sac(2, False, bf16), pool)
         contenders[f"ours SAC 10 critics {tag}"] = ours(sac(10, False, bf16), pool)
         contenders[f"ours SAC 10 critics+LN {tag}"] = ours(sac(10, True, bf16), pool)
         for calql, name in ((False, "CQL"), (True, "Cal-QL")):
             cfg = CQLConfig(hidden=HIDDEN, num_critics=2, calql=calql, bf16=bf16)
-            contenders[f"ours {name} {tag}"] = ours(CQL(OBS, ACT, cfg, seed=0), pool)
-    contenders["matmuls only, SAC 2 critics fp32"] = matmul_floor(2)
-    if compile_agent:  # torch.compile of our two update steps (inductor, CPU), as a measured alternative
+            contenders[f"ours {name} {tag}"] = ours(CQL(OBS, ACT, cfg, device=device, seed=0), pool)
+    contenders["matmuls only, SAC 2 critics fp32"] = matmul_floor(2, device)
+    if compile_agent:  # torch.compile of our two update steps (inductor), as a measured alternative
         agent = sac(2, False, False)
         agent.update_critic = torch.compile(agent.update_critic)
         agent.update_actor_and_alpha = torch.compile(agent.update_actor_and_alpha)
-        contenders["ours SAC 2 critics fp32 compiled"] = ours(agent, pool)
-    for name, make, package in (("SB3 SAC", sb3_sac, "stable-baselines3"),
-                                ("d3rlpy SAC", lambda: d3rlpy_algo("sac"), "d3rlpy==2.8.1 (--no-deps)"),
-                                ("d3rlpy CQL", lambda: d3rlpy_algo("cql"), "d3rlpy==2.8.1 (--no-deps)")):
+        try:
+            ours(agent, pool)(2)  # compiles now, so a failure is reported here and not mid-measurement
+            contenders["ours SAC 2 critics fp32 compiled"] = ours(agent, pool)
+        except Exception as err:  # noqa: BLE001 - any compiler failure: report it and time the rest
+            skipped.append("ours SAC 2 critics fp32 compiled")
+            print(f"skipping the compiled contender: torch.compile failed ({type(err).__name__}: "
+                  f"{str(err).splitlines()[0][:200]})", file=sys.stderr)
+    for name, make, package in (("SB3 SAC", lambda: sb3_sac(device), "stable-baselines3"),
+                                ("d3rlpy SAC", lambda: d3rlpy_algo("sac", device), "d3rlpy==2.8.1 (--no-deps)"),
+                                ("d3rlpy CQL", lambda: d3rlpy_algo("cql", device), "d3rlpy==2.8.1 (--no-deps)")):
         try:
             contenders[name] = make()
         except ImportError as err:
@@ -225,9 +234,12 @@ def build(quick: bool, compile_agent: bool = False) -> tuple[dict, list[str]]:
     return contenders, skipped
 
 
-def measure(contenders: dict, rounds: int, seconds: float, warmup: int, clock=time.perf_counter) -> dict[str, list[float]]:
+def measure(contenders: dict, rounds: int, seconds: float, warmup: int, clock=time.perf_counter,
+            sync=lambda: None) -> dict[str, list[float]]:
+    """`sync` waits for queued device work (CUDA) before the clock is read."""
     for run in contenders.values():
         run(warmup)
+    sync()
     rates: dict[str, list[float]] = {name: [] for name in contenders}
     names = list(contenders)
     for r in range(rounds):
@@ -236,6 +248,7 @@ def measure(contenders: dict, rounds: int, seconds: float, warmup: int, clock=ti
             while True:
                 chunk = 1 if done < 3 else max(1, done // 2)
                 run(chunk)
+                sync()
                 done += chunk
                 elapsed = clock() - start
                 if elapsed >= seconds and done >= 3:
@@ -256,20 +269,28 @@ def main() -> None:
                              "inflate (meaningful with --threads 1)")
     parser.add_argument("--compile", action="store_true", help="also time our fp32 SAC update under torch.compile")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]: every contender runs there (wall clock on CUDA)")
     args = parser.parse_args()
+    cuda = args.device.startswith("cuda")
+    if cuda and not torch.cuda.is_available():
+        parser.error(f"--device={args.device}: torch sees no CUDA device; use --device cpu")
+    if cuda:
+        args.clock = "wall"
     if args.threads < 1 or args.rounds < 1 or args.seconds <= 0:
         parser.error("--threads and --rounds must be >= 1 and --seconds > 0")
     if args.quick:
         args.rounds, args.seconds = 1, 0.05
     torch.set_num_threads(args.threads)
-    contenders, skipped = build(args.quick, args.compile)
+    contenders, skipped = build(args.quick, args.compile, args.device)
     torch.set_num_threads(args.threads)  # peers' constructors must not change it
     load_before = os.getloadavg()
     clock = time.perf_counter if args.clock == "wall" else time.process_time
-    rates = measure(contenders, args.rounds, args.seconds, warmup=1 if args.quick else 5, clock=clock)
+    rates = measure(contenders, args.rounds, args.seconds, warmup=1 if args.quick else 5, clock=clock,
+                    sync=torch.cuda.synchronize if cuda else (lambda: None))
+    where = torch.cuda.get_device_name(args.device) if cuda else f"{args.threads} threads"
     median = {name: statistics.median(v) for name, v in rates.items()}
 
-    print(f"\nupdates per {args.clock}-clock second, batch {BATCH}, {HIDDEN} MLPs, obs {OBS}, act {ACT}, {args.threads} threads, "
+    print(f"\nupdates per {args.clock}-clock second, batch {BATCH}, {HIDDEN} MLPs, obs {OBS}, act {ACT}, {where}, "
           f"median of {args.rounds} interleaved rounds, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
           f"load avg {load_before[0]:.2f} -> {os.getloadavg()[0]:.2f}")
     print(f"{'contender':32s} {'median':>8s} {'best':>8s} {'worst':>8s}")
@@ -316,10 +337,11 @@ def main() -> None:
     if not args.quick:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        path = out / f"update_speed-{args.threads}thr-{args.clock}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        tag = "cuda" if cuda else f"{args.threads}thr"
+        path = out / f"update_speed-{tag}-{args.clock}-{time.strftime('%Y%m%d-%H%M%S')}.json"
         path.write_text(json.dumps(dict(
             config=dict(batch=BATCH, hidden=HIDDEN, obs_dim=OBS, act_dim=ACT, threads=args.threads, rounds=args.rounds,
-                        seconds=args.seconds, clock=args.clock, omp_wait_policy=os.environ.get("OMP_WAIT_POLICY")), torch=torch.__version__, machine=platform.processor() or platform.machine(),
+                        seconds=args.seconds, clock=args.clock, device=where, omp_wait_policy=os.environ.get("OMP_WAIT_POLICY")), torch=torch.__version__, machine=platform.processor() or platform.machine(),
             load_avg=[load_before, os.getloadavg()], rates=rates, median=median, skipped=skipped, goals=goals,
             flops=dict(sac2=update_flops(2), sb3_sac=sb3_sac_flops(), sac10=update_flops(10), cql2=update_flops(2, 10), predicted_ratio=predicted)),
             indent=2))

@@ -2,13 +2,18 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
+import policies
+import sims
 from embodied.train import CONF_DIR, GROUPS, group_options, run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,7 +104,6 @@ BAD_DATASETS = {  # what is wrong -> the key the one-line error must name
 @pytest.mark.parametrize("defect", sorted(BAD_DATASETS))
 def test_bad_dataset_is_one_line_error(defect, tmp_path):
     import h5py
-    import numpy as np
 
     arrays = {"observations": np.zeros((10, 6), np.float32), "actions": np.zeros((10, 2), np.float32),
               "rewards": np.zeros(10, np.float32), "terminals": np.zeros(10, bool), "timeouts": np.zeros(10, bool)}
@@ -202,3 +206,33 @@ def test_bf16_setting():
     assert isinstance(resolve_bf16("auto", "cpu"), bool)
     with pytest.raises(ConfigError, match="bf16=maybe"):
         resolve_bf16("maybe", "cpu")
+
+
+# -- CUDA: the same presets on a GPU. Skipped without one; benchmarks/gpu_check.sh runs them on a lent GPU
+# machine. EMBODIED_TEST_DEVICE=cpu runs the identical checks on the CPU (how they are checked without a GPU).
+TEST_DEVICE = os.environ.get("EMBODIED_TEST_DEVICE", "cuda")
+needs_device = pytest.mark.skipif(TEST_DEVICE.startswith("cuda") and not torch.cuda.is_available(),
+                                  reason="needs a CUDA device (benchmarks/gpu_check.sh runs these on a GPU machine)")
+
+
+@needs_device
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_runs_on_cuda(preset, tmp_path):
+    """Hopper (MuJoCo only, no extra sim packages) at the smoke budget, every network on the device; the
+    saved policy loads on the CPU and acts like the trained one did on the device."""
+    cfg = compose_train(smoke_overrides(preset, env="hopper") + [f"device={TEST_DEVICE}"])
+    summary = run(cfg, tmp_path)
+    assert np.isfinite(summary["online_score"]), summary
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [line for line in lines if line["kind"] == "train"]
+    assert train and all(np.isfinite(v) for line in train for k, v in line.items() if isinstance(v, float))
+    env = sims.make("hopper")
+    obs = env.reset(seed=0)[0]
+    env.close()
+    actions = {}
+    for device in (TEST_DEVICE, "cpu"):
+        policy = policies.load(tmp_path / "policy", device=device)
+        actions[device] = policy.act(obs, deterministic=True)
+        assert actions[device].shape[-1] == 3 and np.all(np.abs(actions[device]) <= 1.0 + 1e-6), actions[device]
+    if policy.name == "gaussian":  # generative policies draw their noise from the device's own generator
+        np.testing.assert_allclose(actions[TEST_DEVICE], actions["cpu"], atol=1e-3)

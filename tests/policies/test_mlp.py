@@ -95,3 +95,22 @@ def test_fused_mlp_second_call_and_double_use_of_one_output():
     x.grad = None
     (y.sum() + y.square().sum()).backward()
     torch.testing.assert_close(x.grad, first)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (benchmarks/gpu_check.sh)")
+def test_fused_critic_on_cuda_matches_cpu():
+    torch.manual_seed(0)
+    critic = CriticEnsemble(11, 3, (64, 64), num_critics=2)
+    obs, act = torch.randn(32, 11), torch.randn(32, 3)
+    results = {}
+    for device in ("cpu", "cuda"):
+        critic.to(device)
+        a = act.to(device).requires_grad_(True)
+        for p in critic.parameters():
+            p.grad = None
+        q = critic(obs.to(device), a)
+        assert type(q.grad_fn.next_functions[0][0]).__name__ == "_FusedReluMLPBackward"
+        q.square().sum().backward()
+        results[device] = [t.detach().cpu() for t in (q, a.grad, *[p.grad for p in critic.parameters()])]
+    for got, want in zip(results["cuda"], results["cpu"]):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
