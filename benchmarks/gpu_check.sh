@@ -20,7 +20,7 @@ if compgen -G "$WHEELS/*.whl" >/dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl || exit 1
   export PYTHONPATH="/tmp/site:$PWD"
 fi
-export WANDB_MODE=disabled PYTHONUNBUFFERED=1 MUJOCO_GL="${MUJOCO_GL:-egl}" EMBODIED_CACHE="${EMBODIED_CACHE:-/tmp/embodied_cache}"
+export WANDB_MODE=disabled PYTHONUNBUFFERED=1 MUJOCO_GL="${MUJOCO_GL:-disable}" EMBODIED_CACHE="${EMBODIED_CACHE:-/tmp/embodied_cache}"
 status=0
 step() {  # step NAME CMD...: run, log, remember a failure, go on
   echo "== $1 ($(date -u +%H:%M:%S))" | tee -a "$log"

@@ -105,7 +105,7 @@ def test_fused_critic_on_cuda_matches_cpu():
     results = {}
     for device in ("cpu", "cuda"):
         critic.to(device)
-        a = act.to(device).requires_grad_(True)
+        a = act.detach().to(device).requires_grad_(True)
         for p in critic.parameters():
             p.grad = None
         q = critic(obs.to(device), a)
