@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from embodied.agents.cql import CQL, CQLConfig  # noqa: E402
 from embodied.agents.sac import SAC, SACConfig  # noqa: E402
+from policies.mlp import matmul_wide  # noqa: E402
 
 OBS, ACT, BATCH, HIDDEN, POOL = 11, 3, 256, (256, 256), 100_000
 
@@ -74,7 +75,9 @@ def update_flops(num_critics: int, cql_actions: int | None = None, batch: int = 
         target = _fwd(actor, 2 * batch) + n * _fwd(critic, batch)
         critic_rows = (1 + 3 * cql_actions) * batch
     critic_step = n * (_fwd(critic, critic_rows) + _bwd(critic, critic_rows, input_grad=False))
-    actor_step = (_fwd(actor, batch) + n * _fwd(critic, batch) + n * _bwd(critic, batch, True, weight_grad=False)
+    action_grad = 2.0 * batch * ACT * HIDDEN[0]  # dQ/da needs only the action's rows of the first layer
+    actor_step = (_fwd(actor, batch) + n * _fwd(critic, batch) + n * (_bwd(critic, batch, False, weight_grad=False)
+                                                                       + action_grad)
                   + _bwd(actor, batch, input_grad=False))
     return target + critic_step + actor_step
 
@@ -82,40 +85,36 @@ def update_flops(num_critics: int, cql_actions: int | None = None, batch: int = 
 def sb3_sac_flops(batch: int = BATCH) -> float:
     """FLOPs of one Stable-Baselines3 SAC update: ours plus the critic weight gradients that its
     actor loss computes (SB3 does not freeze the critics there; they are zeroed before the next
-    critic step). Their ratio bounds how much faster ours can be while both are matmul-bound."""
+    critic step) and the observation's rows of dQ/d[s, a]. Their ratio bounds how much faster ours
+    can be while both are matmul-bound."""
     critic = _layers(OBS + ACT, 1)
-    return update_flops(2, batch=batch) + 2 * _fwd(critic, batch)
+    return update_flops(2, batch=batch) + 2 * _fwd(critic, batch) + 2 * 2.0 * batch * OBS * HIDDEN[0]
 
 
 # -- contenders: each is a function that runs k updates -------------------------------------------
 def matmul_floor(num_critics: int = 2, device: str = "cpu"):
-    """The matmuls of one of our SAC updates and nothing else (same shapes, order and kernels as
-    `update_flops` counts: critics as baddbmm/bmm, actor as addmm/mm), on preallocated tensors. Its
-    rate is the ceiling for any implementation doing our arithmetic on this core: ceiling / SB3 says
-    how fast ours could be with zero non-matmul overhead."""
+    """The matmuls of one of our SAC updates and nothing else: the shapes `update_flops` counts, in the
+    orientation our fused MLP (`policies/mlp.py`) runs them, on preallocated tensors. Its rate is the
+    ceiling for any implementation doing our arithmetic with these kernels on this core: ceiling / SB3
+    says how fast ours could be with zero non-matmul overhead."""
     g = torch.Generator().manual_seed(0)
     rand = lambda *shape: torch.randn(*shape, generator=g).to(device)
     ops = []
 
-    def layer_ops(layers, rows, members, forward=False, weight_grad=False, input_grad=False, first_input_grad=False):
+    def layer_ops(layers, rows, members, forward=False, weight_grad=False, input_grad=False, action_grad=False):
         for index, (fan_in, fan_out) in enumerate(layers):
-            if members:
-                x, w, dy = rand(members, rows, fan_in), rand(members, fan_in, fan_out), rand(members, rows, fan_out)
-                bias = rand(members, 1, fan_out)
-                if forward:
-                    ops.append(lambda b=bias, x=x, w=w: torch.baddbmm(b, x, w))
-                if weight_grad:
-                    ops.append(lambda x=x, dy=dy: torch.bmm(x.transpose(1, 2), dy))
-                if input_grad and (index > 0 or first_input_grad):
-                    ops.append(lambda dy=dy, w=w: torch.bmm(dy, w.transpose(1, 2)))
-            else:
-                x, w, dy, bias = rand(rows, fan_in), rand(fan_in, fan_out), rand(rows, fan_out), rand(fan_out)
-                if forward:
-                    ops.append(lambda b=bias, x=x, w=w: torch.addmm(b, x, w))
-                if weight_grad:
-                    ops.append(lambda x=x, dy=dy: torch.mm(x.t(), dy))
-                if input_grad and (index > 0 or first_input_grad):
-                    ops.append(lambda dy=dy, w=w: torch.mm(dy, w.t()))
+            lead = (members,) if members else ()
+            # critic ensembles hold [N, in, out]; the actor's nn.Linear weights are [out, in], used transposed
+            w = rand(*lead, fan_in, fan_out) if members else rand(fan_out, fan_in).t()
+            x, dy = rand(*lead, rows, fan_in), rand(*lead, rows, fan_out)
+            if forward:
+                ops.append(lambda x=x, w=w: matmul_wide(x, w))
+            if weight_grad:
+                ops.append(lambda x=x, dy=dy: matmul_wide(x.transpose(-1, -2), dy))
+            if input_grad and index > 0:
+                ops.append(lambda dy=dy, w=w: matmul_wide(dy, w.transpose(-1, -2)))
+            if action_grad and index == 0:  # dQ/da: only the action's rows of the first layer
+                ops.append(lambda dy=dy, w=w[..., OBS:, :]: matmul_wide(dy, w.transpose(-1, -2)))
 
     actor, critic, n = _layers(OBS, 2 * ACT), _layers(OBS + ACT, 1), num_critics
     layer_ops(actor, BATCH, 0, forward=True)                                       # target: pi(s')
@@ -123,7 +122,7 @@ def matmul_floor(num_critics: int = 2, device: str = "cpu"):
     layer_ops(critic, BATCH, n, forward=True, weight_grad=True, input_grad=True)   # critic step
     layer_ops(actor, BATCH, 0, forward=True)                                       # actor step: pi(s)
     layer_ops(critic, BATCH, n, forward=True)                                      # Q(s, pi(s))
-    layer_ops(critic, BATCH, n, input_grad=True, first_input_grad=True)            # dQ/da (critics frozen)
+    layer_ops(critic, BATCH, n, input_grad=True, action_grad=True)                 # dQ/da (critics frozen)
     layer_ops(actor, BATCH, 0, weight_grad=True, input_grad=True)                  # actor gradients
 
     def run(k: int) -> None:

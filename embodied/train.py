@@ -51,14 +51,16 @@ def load_dataset(cfg: DictConfig):
 
 
 def resolve_bf16(setting, device: str) -> bool:
-    """`bf16: auto` turns bf16 autocast on where it pays: CUDA, or a CPU with native bf16 matmuls
-    (AVX512-BF16 / AMX; measured 2-3x faster updates here). true/false force it."""
+    """`bf16: auto` turns bf16 autocast on where it pays: a CPU with native bf16 matmuls (AVX512-BF16 /
+    AMX; measured 2-3x faster updates here). Not on CUDA: at these network sizes a GPU update is bound
+    by kernel launches, and autocast's casts are more launches (SAC on an H200: 155 updates/s in bf16
+    against 191 in fp32, benchmarks/RESULTS.md). true/false force it."""
     if isinstance(setting, bool):
         return setting
     if str(setting).lower() != "auto":
         raise ConfigError(f"bf16={setting} is not one of true, false, auto")
     if device.startswith("cuda"):
-        return True
+        return False
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:

@@ -202,7 +202,8 @@ def test_bf16_setting():
     from embodied.train import resolve_bf16
 
     assert resolve_bf16(True, "cpu") is True and resolve_bf16(False, "cuda") is False
-    assert resolve_bf16("auto", "cuda:0") is True
+    assert resolve_bf16("auto", "cuda:0") is False  # launch-bound at these sizes: measured slower on an H200
+    assert resolve_bf16(True, "cuda:0") is True
     assert isinstance(resolve_bf16("auto", "cpu"), bool)
     with pytest.raises(ConfigError, match="bf16=maybe"):
         resolve_bf16("maybe", "cpu")
