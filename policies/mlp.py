@@ -106,12 +106,23 @@ def fused_path_ok(x: torch.Tensor) -> bool:
 
 
 class MLP(nn.Sequential):
-    """Linear/ReLU stack (LayerNorm optional) with the state-dict keys of the `nn.Sequential` it is."""
+    """Linear/ReLU stack (LayerNorm optional) with the state-dict keys of the `nn.Sequential` it is.
+
+    Only a strict Linear, ReLU, ..., Linear stack takes the fused path; anything else (LayerNorm, other
+    activations) runs as the plain `nn.Sequential` it is.
+    """
+
+    def __init__(self, *layers: nn.Module):
+        super().__init__(*layers)
+        kinds = [nn.Linear if i % 2 == 0 else nn.ReLU for i in range(len(layers))]
+        self._linears = [layer for layer in layers if isinstance(layer, nn.Linear)]
+        self.fusable = (len(layers) % 2 == 1 and all(type(layer) is kind for layer, kind in zip(layers, kinds))
+                        and all(layer.bias is not None for layer in self._linears))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.layernorm or not fused_path_ok(x) or x.ndim != 2:
+        if not self.fusable or x.ndim != 2 or not fused_path_ok(x):
             return super().forward(x)
-        linears = [layer for layer in self if isinstance(layer, nn.Linear)]
+        linears = self._linears
         return fused_relu_mlp(x, [layer.weight.t() for layer in linears], [layer.bias for layer in linears])
 
 
@@ -124,6 +135,4 @@ def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, layernorm: bool = Fa
         layers += [nn.ReLU()]
         in_dim = width
     layers.append(nn.Linear(in_dim, out_dim))
-    net = MLP(*layers)
-    net.layernorm = layernorm
-    return net
+    return MLP(*layers)
