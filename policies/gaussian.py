@@ -18,11 +18,13 @@ LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 @policies.register("gaussian")
 class TanhGaussianPolicy(Policy):
     def __init__(self, obs_dim: int, act_dim: int, hidden: tuple[int, ...] | list[int] = (256, 256),
-                 layernorm: bool = False, state_dependent_std: bool = True):
+                 layernorm: bool = False, state_dependent_std: bool = True,
+                 log_std_range: tuple[float, float] | list[float] = (LOG_STD_MIN, LOG_STD_MAX)):
         super().__init__()
         self.obs_dim, self.act_dim = int(obs_dim), int(act_dim)
         self.hidden, self.layernorm = tuple(int(h) for h in hidden), bool(layernorm)
         self.state_dependent_std = bool(state_dependent_std)
+        self.log_std_range = (float(log_std_range[0]), float(log_std_range[1]))
         out = 2 * act_dim if state_dependent_std else act_dim
         self.net = mlp(obs_dim, self.hidden, out, layernorm)
         if not state_dependent_std:  # IQL/BC style: one learned std per action dimension
@@ -30,7 +32,8 @@ class TanhGaussianPolicy(Policy):
 
     def config(self) -> dict:
         return dict(obs_dim=self.obs_dim, act_dim=self.act_dim, hidden=list(self.hidden),
-                    layernorm=self.layernorm, state_dependent_std=self.state_dependent_std)
+                    layernorm=self.layernorm, state_dependent_std=self.state_dependent_std,
+                    log_std_range=list(self.log_std_range))
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pre-tanh mean and log-std."""
@@ -39,7 +42,7 @@ class TanhGaussianPolicy(Policy):
             mean, log_std = out.chunk(2, dim=-1)
         else:
             mean, log_std = out, self.log_std.expand_as(out)
-        return mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+        return mean, log_std.clamp(*self.log_std_range)
 
     def sample_with_log_prob(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Reparameterised tanh-Gaussian sample and its log-density (with the tanh Jacobian)."""

@@ -5,11 +5,12 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 
 from embodied.errors import ConfigError
 
-# name -> (module, agent class, config class, fixed config values)
+# name -> (module, agent class, config class, preset values: the preset's defaults, below the user's options)
 _AGENTS = {
     "sac": ("embodied.agents.sac", "SAC", "SACConfig", {}),
     "cql": ("embodied.agents.cql", "CQL", "CQLConfig", {"calql": False}),
@@ -35,17 +36,63 @@ def config_class(name: str):
     return getattr(importlib.import_module(module), config_name)
 
 
+# How the online phase continues from the offline agent (the switch). "same" keeps the offline agent and its
+# loss; "sac" swaps the loss to SAC on the pretrained networks (WSRL, naive, Cal-QL -> SAC); "dppo" runs
+# PPO through a pretrained diffusion policy's denoising chain. Without pretraining any agent may learn online.
+SWITCHES = {
+    "same": {"cql", "calql", "iql", "bc", "bc_diffusion", "bc_flow", "fql", "qc", "qc_fql"},
+    "sac": {"cql", "calql", "iql", "bc", "sac"},
+    "dppo": {"bc_diffusion"},
+}
+
+
+def check_switch(offline_algo: str | None, online_algo: str) -> None:
+    """Reject an offline -> online pair the runner cannot continue, before any work starts."""
+    if offline_algo is None:
+        if online_algo == "same":
+            raise ConfigError("algo.online_algo=same needs an offline_algo to continue; set algo.online_algo=sac")
+        _lookup(online_algo)
+        return
+    _lookup(offline_algo)
+    if online_algo not in SWITCHES:
+        raise ConfigError(f"algo.online_algo={online_algo} cannot continue a pretrained {offline_algo}; valid: "
+                          f"{', '.join(sorted(k for k, v in SWITCHES.items() if offline_algo in v))} "
+                          "(same keeps the offline loss online)")
+    if offline_algo not in SWITCHES[online_algo]:
+        valid = sorted(k for k, v in SWITCHES.items() if offline_algo in v)
+        raise ConfigError(f"algo.online_algo={online_algo} cannot continue offline_algo={offline_algo}; "
+                          f"valid for {offline_algo}: {', '.join(valid)}")
+
+
 def make_config(name: str, overrides: dict | None = None):
-    """A config dataclass from overrides; unknown keys are an error that lists the valid ones."""
-    module, _, config_name, fixed = _lookup(name)
+    """A config dataclass: its defaults, then the registry's preset values, then `overrides`.
+
+    Unknown keys and values of the wrong type are errors that name the key."""
+    module, _, config_name, preset = _lookup(name)
     cls = getattr(importlib.import_module(module), config_name)
-    valid = {f.name for f in dataclasses.fields(cls)}
-    values = {**(overrides or {}), **fixed}
-    unknown = sorted(set(values) - valid)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values = {**preset, **(overrides or {})}
+    unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise ConfigError(f"algo option(s) {unknown} are not {name} options; valid: {', '.join(sorted(valid))}")
+        hints = [f"{key} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(key, fields, 1)) else key
+                 for key in unknown]
+        raise ConfigError(f"algo option(s) {', '.join(hints)} are not {name} options; valid: {', '.join(sorted(fields))}")
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    defaults = cls()
+    for key, value in values.items():
+        _check_type(name, key, value, getattr(defaults, key))
     return cls(**values)
+
+
+def _check_type(agent: str, key: str, value, default) -> None:
+    """A value of another kind than the field's default (a string for a number, ...) is a one-line error."""
+    if value is None or default is None:
+        return
+    kinds = {bool: (bool,), int: (int,), float: (int, float), str: (str,), tuple: (tuple,), dict: (dict,)}
+    expected = kinds.get(type(default))
+    ok = expected is None or (isinstance(value, expected) and not (isinstance(value, bool) and bool not in expected))
+    if not ok:
+        raise ConfigError(f"{agent} option {key}={value!r} should be a {type(default).__name__}")
 
 
 def make(name: str, obs_dim: int, act_dim: int, overrides: dict | None = None, device: str = "cpu", seed: int = 0):

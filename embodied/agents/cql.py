@@ -27,8 +27,9 @@ from dataclasses import dataclass
 
 import torch
 
-from embodied.agents.nets import adam, soft_update, to_torch
+from embodied.agents.nets import adam, soft_update, split_batch, to_torch
 from embodied.agents.sac import SAC, SACConfig
+from embodied.errors import ConfigError
 from policies.gaussian import _gaussian_log_prob, _tanh_log_det
 
 
@@ -36,15 +37,22 @@ from policies.gaussian import _gaussian_log_prob, _tanh_log_det
 class CQLConfig(SACConfig):
     actor_lr: float = 1e-4              # CQL paper: 1e-4 for the policy, 3e-4 for the critic
     backup_entropy: bool = False        # CQL/Cal-QL reference code: no entropy in the TD target
-    cql_alpha: float = 5.0              # penalty weight (scale of the multiplier when lagrange)
+    alpha_lr: float = 1e-4              # WSRL/Cal-QL reference code: temperature lr 1e-4
+    cql_alpha: float = 5.0              # fixed penalty weight (unused when lagrange)
     cql_n_actions: int = 10             # samples per state for each of random / pi(s) / pi(s')
     cql_temperature: float = 1.0
     cql_importance_sample: bool = True  # CQL(H) with proposal densities; False: plain logsumexp (+ data Q)
-    lagrange: bool = False              # learn the weight so that the penalty ~ target_action_gap
+    cql_penalty_critics: str = "all"    # "subset": only the num_min critics drawn for the target (WSRL code)
+    lagrange: bool = False              # learn the weight so that the penalty ~ target_action_gap (Cal-QL AntMaze)
+    lagrange_init: float = 1.0          # the multiplier's initial value
     target_action_gap: float = 0.8
     cql_alpha_lr: float = 3e-4
     calql: bool = False                 # floor policy Q-values in the penalty by batch["mc_returns"]
-    max_target_backup: bool = False     # target = max over n next-state samples of the min-Q
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.cql_penalty_critics not in ("all", "subset"):
+            raise ConfigError(f"cql_penalty_critics={self.cql_penalty_critics!r} must be 'all' or 'subset'")
 
 
 def sample_tanh_gaussian(mean: torch.Tensor, log_std: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,7 +93,7 @@ class CQL(SAC):
         super().__init__(obs_dim, act_dim, cfg, device, seed)
         self.log_cql_alpha = None
         if cfg.lagrange:
-            self.log_cql_alpha = torch.zeros((), device=self.device, requires_grad=True)
+            self.log_cql_alpha = torch.tensor(math.log(cfg.lagrange_init), device=self.device, requires_grad=True)
             self.cql_alpha_optimizer = adam([self.log_cql_alpha], cfg.cql_alpha_lr)
 
     @torch.no_grad()
@@ -97,7 +105,7 @@ class CQL(SAC):
             mean, log_std = self.actor(torch.cat([obs, next_obs]))  # one actor pass for s and s'
         mean, log_std = mean.float(), log_std.float()
         pi, log_pi = sample_tanh_gaussian(mean[:batch_size], log_std[:batch_size], n)
-        n_target = n if self.cfg.max_target_backup else 1
+        n_target = self.cfg.max_target_actions if self.cfg.max_target_backup else 1
         next_pi, log_next_pi = sample_tanh_gaussian(mean[batch_size:], log_std[batch_size:], n + n_target)
         return {
             "random": torch.rand((n, batch_size, self.act_dim), device=obs.device) * 2 - 1,
@@ -124,32 +132,43 @@ class CQL(SAC):
         return batch["rewards"] + self.cfg.gamma * (1.0 - batch["terminals"]) * next_q
 
     def conservative_critic_loss(self, batch: dict[str, torch.Tensor], samples: dict[str, torch.Tensor]):
-        """TD loss + weighted penalty, with the critic evaluated once at all (1 + 3n) actions per state."""
+        """TD loss over all critics + weighted penalty over all of them, or over the `num_min` critics drawn
+        for this update ("subset", as WSRL's code does: 5x fewer critic evaluations at 10 critics)."""
         cfg, n = self.cfg, self.cfg.cql_n_actions
         obs = batch["observations"]
         batch_size = obs.shape[0]
         target_q = self.cql_td_target(batch, samples)
-        actions = torch.cat([batch["actions"][None], samples["random"], samples["pi"], samples["next_pi"]])
-        rows = actions.shape[0]  # 1 + 3n
+        ood_actions = torch.cat([samples["random"], samples["pi"], samples["next_pi"]])  # [3n, B, A]
+        members = None
+        if cfg.cql_penalty_critics == "subset" and cfg.num_min < cfg.num_critics:
+            members = torch.randperm(cfg.num_critics, generator=self.generator)[: cfg.num_min].to(obs.device)
+        rows = 3 * n + (1 if members is None else 0)  # the data action rides along when every critic is penalised
+        actions = ood_actions if members is not None else torch.cat([batch["actions"][None], ood_actions])
         with self.autocast():
             q = self.critic(obs.expand(rows, -1, -1).reshape(rows * batch_size, -1),
-                            actions.reshape(rows * batch_size, -1)).float().view(-1, rows, batch_size)
-        q_data = q[:, 0]
+                            actions.reshape(rows * batch_size, -1), members).float().view(-1, rows, batch_size)
+            if members is not None:
+                q_data_all = self.critic(obs, batch["actions"]).float()
+        if members is None:
+            q_data_all, q_ood = q[:, 0], q[:, 1:]
+        else:
+            q_ood = q
+        q_data = q_data_all if members is None else q_data_all.index_select(0, members)
         penalty, ood, floored = cql_penalty(
-            q_data, q[:, 1:1 + n], q[:, 1 + n:1 + 2 * n], q[:, 1 + 2 * n:], samples["log_pi"], samples["log_next_pi"],
+            q_data, q_ood[:, :n], q_ood[:, n:2 * n], q_ood[:, 2 * n:], samples["log_pi"], samples["log_next_pi"],
             self.act_dim, cfg.cql_temperature, cfg.cql_importance_sample,
             batch["mc_returns"] if cfg.calql else None)
-        td_loss = ((q_data - target_q) ** 2).mean(1).sum()  # summed over critics, as in SAC
-        if cfg.lagrange:  # weight = cql_alpha * exp(log_cql_alpha), pushed up while penalty > gap
+        td_loss = ((q_data_all - target_q) ** 2).mean(1).sum()  # summed over critics, as in SAC
+        if cfg.lagrange:  # weight = exp(log_cql_alpha), pushed up while penalty > gap (Cal-QL's Lagrange form)
             multiplier = self.log_cql_alpha.exp().clamp(0.0, 1e6)
-            penalty_loss = (multiplier.detach() * cfg.cql_alpha * (penalty - cfg.target_action_gap)).sum()
-            alpha_loss = -(multiplier * cfg.cql_alpha * (penalty.detach() - cfg.target_action_gap)).mean()
-            weight = multiplier.detach() * cfg.cql_alpha
+            penalty_loss = (multiplier.detach() * (penalty - cfg.target_action_gap)).sum()
+            alpha_loss = -(multiplier * (penalty.detach() - cfg.target_action_gap)).mean()
+            weight = multiplier.detach()
         else:
             penalty_loss, alpha_loss, weight = cfg.cql_alpha * penalty.sum(), None, cfg.cql_alpha
         metrics = {"critic_loss": td_loss.detach(), "cql_penalty": penalty.detach().mean(),
-                   "q_data": q_data.detach().mean(), "q_ood": ood.detach().mean(), "target_q_mean": target_q.mean(),
-                   "cql_alpha": weight}
+                   "q_data": q_data_all.detach().mean(), "q_ood": ood.detach().mean(),
+                   "target_q_mean": target_q.mean(), "cql_alpha": weight}
         if cfg.calql:
             metrics["calql_floored_fraction"] = floored
         return td_loss + penalty_loss, alpha_loss, metrics
@@ -166,11 +185,12 @@ class CQL(SAC):
             self.cql_alpha_optimizer.step()
         return metrics
 
-    def update(self, batch) -> dict[str, float]:
+    def update(self, batch, utd: int = 1) -> dict[str, float]:
         batch = to_torch(batch, self.device)
         if self.cfg.calql and "mc_returns" not in batch:
             raise KeyError("Cal-QL needs batch['mc_returns']: load the replay with Monte-Carlo returns")
-        metrics = self.update_conservative_critic(batch)
+        for minibatch in split_batch(batch, utd):
+            metrics = self.update_conservative_critic(minibatch)
         metrics.update(self.update_actor_and_alpha(batch))
         return {k: float(v) for k, v in metrics.items()}
 

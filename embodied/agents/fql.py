@@ -79,17 +79,17 @@ class FQL(TensorCheckpoint):
         values = critic(self.actor.normalize_obs(obs), chunk.flatten(1))
         return values.mean(0) if self.cfg.q_agg == "mean" else values.min(0).values
 
-    def policy_chunks(self, obs: torch.Tensor, critic=None) -> torch.Tensor:
+    def policy_chunks(self, obs: torch.Tensor, critic=None, generator: torch.Generator | None = None) -> torch.Tensor:
         """The extracted policy's chunks [B, h, A] for raw observations [B, obs] (no gradient)."""
         with torch.no_grad():
             if self.cfg.extraction == "distill":
-                return self.actor.act_tensor(obs)
-            return self.best_of_n(obs, critic or self.critic)
+                return self.actor.act_tensor(obs, generator)
+            return self.best_of_n(obs, critic or self.critic, generator)
 
-    def best_of_n(self, obs: torch.Tensor, critic) -> torch.Tensor:
+    def best_of_n(self, obs: torch.Tensor, critic, generator: torch.Generator | None = None) -> torch.Tensor:
         n, batch = self.cfg.num_samples, obs.shape[0]
         repeated = obs.repeat_interleave(n, 0)
-        candidates = self.actor.act_tensor(repeated)  # [B*n, h, A]
+        candidates = self.actor.act_tensor(repeated, generator)  # [B*n, h, A]
         scores = self.q(critic, repeated, candidates).view(batch, n)
         best = scores.argmax(1)
         return candidates.view(batch, n, *candidates.shape[1:])[torch.arange(batch, device=obs.device), best]
@@ -153,14 +153,10 @@ class FQL(TensorCheckpoint):
         """[B, h, A] chunks for [B, 1, obs] (or [B, obs]) observations: the extracted policy."""
         obs = torch.as_tensor(np.asarray(obs_seq, np.float32), device=self.device)
         obs = obs[:, -1] if obs.ndim == 3 else obs
-        if deterministic:
-            state = torch.random.get_rng_state()
-            torch.manual_seed(0)  # fixed noise: evaluation is a function of the observation
-        try:
-            return self.policy_chunks(obs).float().cpu().numpy()
-        finally:
-            if deterministic:
-                torch.random.set_rng_state(state)
+        # fixed noise from a local generator: evaluation is a function of the observation, and no global
+        # (CPU or CUDA) RNG stream is touched
+        generator = torch.Generator(device=self.device).manual_seed(0) if deterministic else None
+        return self.policy_chunks(obs, generator=generator).float().cpu().numpy()
 
     def act(self, obs, deterministic: bool = False) -> np.ndarray:
         state = np.asarray(obs["observation.state"] if isinstance(obs, dict) else obs, np.float32)

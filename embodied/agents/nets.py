@@ -22,7 +22,7 @@ class EnsembleMLP(nn.Module):
     """
 
     def __init__(self, num_members: int, in_dim: int, hidden: tuple[int, ...], out_dim: int,
-                 layernorm: bool = False):
+                 layernorm: bool = False, kernel_scale_final: float | None = None):
         super().__init__()
         self.num_members, self.layernorm = num_members, layernorm
         dims = [in_dim, *hidden, out_dim]
@@ -35,22 +35,30 @@ class EnsembleMLP(nn.Module):
             bound = 1.0 / math.sqrt(fan_in)  # torch.nn.Linear's default init, per member
             for member in weight:
                 nn.init.kaiming_uniform_(member.T, a=math.sqrt(5))
+            if kernel_scale_final is not None and i == len(dims) - 3:  # the last hidden layer (WSRL's MLP)
+                weight.mul_(kernel_scale_final)
             self.weights.append(nn.Parameter(weight))
             self.biases.append(nn.Parameter(torch.empty(num_members, 1, fan_out).uniform_(-bound, bound)))
             if layernorm and i < len(dims) - 2:
                 self.ln_weights.append(nn.Parameter(torch.ones(num_members, 1, fan_out)))
                 self.ln_biases.append(nn.Parameter(torch.zeros(num_members, 1, fan_out)))
 
-    def forward(self, x: torch.Tensor, x2: torch.Tensor | None = None) -> torch.Tensor:
-        """x2 (optional) is concatenated to x; the fused path then skips x's input gradient."""
+    def forward(self, x: torch.Tensor, x2: torch.Tensor | None = None, members: torch.Tensor | None = None) -> torch.Tensor:
+        """x2 (optional) is concatenated to x; the fused path then skips x's input gradient.
+        `members` (indices) evaluates only those ensemble members: [len(members), B, out]."""
+        weights, biases = list(self.weights), list(self.biases)
+        ln_weights, ln_biases = list(self.ln_weights), list(self.ln_biases)
+        if members is not None:
+            pick = lambda params: [p.index_select(0, members) for p in params]
+            weights, biases, ln_weights, ln_biases = pick(weights), pick(biases), pick(ln_weights), pick(ln_biases)
         if not self.layernorm and x.ndim == 2 and fused_path_ok(x):
-            return fused_relu_mlp(x, list(self.weights), list(self.biases), x2)
+            return fused_relu_mlp(x, weights, biases, x2)
         if x2 is not None:
             x = torch.cat([x, x2], dim=-1)
         if x.ndim == 2:
-            x = x.unsqueeze(0).expand(self.num_members, -1, -1)
-        last = len(self.weights) - 1
-        for i, (weight, bias) in enumerate(zip(self.weights, self.biases)):
+            x = x.unsqueeze(0).expand(weights[0].shape[0], -1, -1)
+        last = len(weights) - 1
+        for i, (weight, bias) in enumerate(zip(weights, biases)):
             # bmm then an in-place bias add, not baddbmm: under bf16 autocast baddbmm first materialises
             # the broadcast bias in the output (bf16 CQL / d3rlpy 3.01x -> 3.06x, benchmarks/RESULTS.md)
             x = torch.bmm(x, weight)
@@ -59,7 +67,7 @@ class EnsembleMLP(nn.Module):
                 if self.layernorm:  # statistics in fp32 (autocast's rule); affine in the matmul dtype
                     dtype = x.dtype
                     x = F.layer_norm(x, x.shape[-1:]).to(dtype)
-                    x = torch.addcmul(self.ln_biases[i].to(dtype), x, self.ln_weights[i].to(dtype))
+                    x = torch.addcmul(ln_biases[i].to(dtype), x, ln_weights[i].to(dtype))
                 x = torch.relu_(x)  # in place: neither bmm's, add_'s nor addcmul's backward needs its output
         return x
 
@@ -68,13 +76,13 @@ class CriticEnsemble(nn.Module):
     """Q(s, a) for N critics at once: returns [N, B]."""
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: tuple[int, ...], num_critics: int,
-                 layernorm: bool = False):
+                 layernorm: bool = False, kernel_scale_final: float | None = None):
         super().__init__()
         self.num_critics = num_critics
-        self.net = EnsembleMLP(num_critics, obs_dim + act_dim, hidden, 1, layernorm)
+        self.net = EnsembleMLP(num_critics, obs_dim + act_dim, hidden, 1, layernorm, kernel_scale_final)
 
-    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        return self.net(obs, action).squeeze(-1)
+    def forward(self, obs: torch.Tensor, action: torch.Tensor, members: torch.Tensor | None = None) -> torch.Tensor:
+        return self.net(obs, action, members).squeeze(-1)
 
 
 class ValueEnsemble(nn.Module):
@@ -131,6 +139,17 @@ def adam(params, lr: float) -> torch.optim.Adam:
         return torch.optim.Adam(params, lr=lr, fused=True)
     except (RuntimeError, TypeError):
         return torch.optim.Adam(params, lr=lr, foreach=True)
+
+
+def split_batch(batch: Mapping[str, torch.Tensor], parts: int) -> list[dict[str, torch.Tensor]]:
+    """`parts` equal slices along the batch axis (UTD minibatches); the batch must divide evenly."""
+    size = len(next(iter(batch.values())))
+    if parts < 1 or size % parts:
+        raise ValueError(f"a batch of {size} rows does not split into {parts} equal minibatches")
+    if parts == 1:
+        return [dict(batch)]
+    step = size // parts
+    return [{k: v[i * step:(i + 1) * step] for k, v in batch.items()} for i in range(parts)]
 
 
 def to_torch(batch: Mapping[str, np.ndarray | torch.Tensor], device: torch.device | str) -> dict[str, torch.Tensor]:

@@ -32,6 +32,7 @@ from tqdm import tqdm
 import sims
 from embodied import agents
 from embodied.agents.chunking import ChunkActor, evaluate_chunked, is_chunked
+from embodied.agents.nets import to_torch
 from embodied.agents.sac import SAC
 from embodied.data.dataset import Dataset
 from embodied.data.replay import MixedReplay, ReplayBuffer
@@ -52,12 +53,19 @@ class RunnerConfig:
     online_steps: int = 10_000                # environment steps, warmup and random steps included
     offline_batch_size: int = 256
     online_batch_size: int = 256
-    utd: int = 1
+    utd: int = 1                              # critic updates per env step
+    critic_only_utd: bool = True              # WSRL/RLPD: utd critic minibatches, then 1 actor step on all of them;
+                                              # False: utd full updates (actor and temperature too)
     offline_ratio: float = 0.0                # share of offline data in online batches (WSRL 0, RLPD 0.5)
     warmup_steps: int = 0                     # WSRL: env steps with the pretrained policy, no gradient steps
     random_steps: int = 0                     # uniform-random env steps before learning (scratch, RLPD)
     reinit_critic: bool = False
     reset_optimizers: bool = False
+    switch_temperature: str = "keep"          # SAC's temperature at the switch: keep | reset | fast | refit
+    switch_temperature_value: float = 0.05    # reset: the new temperature
+    switch_temperature_steps: int = 1000      # fast: steps at the raised lr; refit: actor+temperature steps
+    switch_temperature_lr_scale: float = 10.0  # fast: temperature lr multiplier for the first steps
+    pretrained: str | None = None             # start online from this run's saved pretraining (skip offline)
     gamma: float = 0.99
     reward_scale: float = 1.0                 # r' = reward_scale * r + reward_bias, applied once, here
     reward_bias: float = 0.0
@@ -78,8 +86,15 @@ class RunnerConfig:
     def validate(self) -> None:
         if not 0.0 <= self.offline_ratio <= 1.0:
             raise ConfigError(f"algo.offline_ratio={self.offline_ratio} must be in [0, 1]")
-        if self.offline_algo is None and self.online_algo == "same":
-            raise ConfigError("algo.online_algo=same needs an offline_algo to continue; set algo.online_algo=sac")
+        agents.check_switch(self.offline_algo, self.online_algo)
+        if self.switch_temperature not in SWITCH_TEMPERATURE:
+            raise ConfigError(f"algo.switch_temperature={self.switch_temperature!r} must be one of "
+                              f"{', '.join(SWITCH_TEMPERATURE)}")
+        if self.switch_temperature_value <= 0:
+            raise ConfigError(f"algo.switch_temperature_value={self.switch_temperature_value} must be > 0")
+        if self.pretrained and self.offline_algo is None:
+            raise ConfigError(f"pretrained={self.pretrained} but algo has no offline_algo to restore; "
+                              "drop pretrained= or pick a preset that pretrains")
         for name in ("offline_steps", "online_steps", "warmup_steps", "random_steps"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 0")
@@ -88,6 +103,10 @@ class RunnerConfig:
 
     def transform_rewards(self, rewards: np.ndarray) -> np.ndarray:
         return (self.reward_scale * np.asarray(rewards, np.float32) + self.reward_bias).astype(np.float32)
+
+
+SWITCH_TEMPERATURE = ("keep", "reset", "fast", "refit")
+PRETRAINED_DIR = "pretrained"  # checkpoints/<this>: the agent at the end of offline training
 
 
 class Runner:
@@ -167,7 +186,7 @@ class Runner:
 
     def evaluate(self, step: int, total_step: int, final: bool = False) -> dict:
         cfg = self.cfg
-        seed = cfg.seed * 1000 + 10_000 + total_step
+        seed = cfg.seed * 1000 + 10_000  # the same start states at every eval: comparisons across evals are paired
         if is_chunked(self.agent):
             result = evaluate_chunked(cfg.env, self._chunk_fn(True), self.agent.obs_horizon, self.agent.execute_horizon,
                                       cfg.eval_episodes, seed, gamma=cfg.gamma, reward_transform=cfg.transform_rewards)
@@ -195,8 +214,11 @@ class Runner:
 
     # -- phases ---------------------------------------------------------------------------------
     def run(self) -> dict:
+        if self.cfg.pretrained and not self.switched and self.offline_step == 0:
+            self.load_pretrained(self.cfg.pretrained)
         if self.phase == "offline":
             self._run_offline()
+            self.save_pretrained()
         if not self.switched:
             self._switch()
         self._run_online()
@@ -237,18 +259,49 @@ class Runner:
         if cfg.online_algo == "same":
             self.agent = self.offline_agent
             self.keep_episode_mc = cfg.offline_algo == "calql"
-        elif self.offline_agent is not None:
+        elif self.offline_agent is not None:  # the loss swap; agents.check_switch allowed this pair
             sac_cfg = agents.make_config(cfg.online_algo, cfg.online_agent)
             self.agent = SAC.from_agent(self.offline_agent, sac_cfg, reinit_critic=cfg.reinit_critic,
                                         reset_optimizers=cfg.reset_optimizers, seed=cfg.seed)
+            self._switch_temperature()
         else:
             self.agent = agents.make(cfg.online_algo, self.spec.obs_dim, self.spec.act_dim, cfg.online_agent,
                                      cfg.device, cfg.seed)
             self._fit_normalization(self.agent)
         self.phase, self.switched = "online", True
         self.logger.log({"switch/offline_steps": self.offline_step, "total_step": self.offline_step,
-                         "switch/end_of_offline_score": (self.end_of_offline or {}).get("eval/score")},
+                         "switch/end_of_offline_score": (self.end_of_offline or {}).get("eval/score"),
+                         "switch/temperature": self._temperature()},
                         step=0, phase="online", kind="switch")
+
+    def _temperature(self) -> float | None:
+        log_alpha = getattr(self.agent, "log_alpha", None)
+        return None if log_alpha is None else float(log_alpha.detach().exp())
+
+    def _switch_temperature(self) -> None:
+        """The pretrained temperature meets a critic that lost its conservative penalty (issue analysis in
+        benchmarks/RESULTS.md): keep it (WSRL's code), reset it, or let it move fast at first."""
+        cfg, agent = self.cfg, self.agent
+        if cfg.switch_temperature == "reset":
+            with torch.no_grad():
+                agent.log_alpha.fill_(float(np.log(cfg.switch_temperature_value)))
+            agent.alpha_optimizer.state.clear()
+        elif cfg.switch_temperature == "fast":
+            self._set_alpha_lr(agent.cfg.alpha_lr * cfg.switch_temperature_lr_scale)
+
+    def _set_alpha_lr(self, lr: float) -> None:
+        for group in self.agent.alpha_optimizer.param_groups:
+            group["lr"] = lr
+
+    def _refit_temperature(self, sampler) -> None:
+        """`refit`: before the first critic step, actor and temperature steps against the pretrained critic
+        on the warmup data, so both settle to the SAC objective before the critic moves."""
+        window = [self.agent.update_actor_and_alpha(to_torch(self._batch(sampler, self.cfg.online_batch_size),
+                                                             self.agent.device))
+                  for _ in range(self.cfg.switch_temperature_steps)]
+        self.logger.log({**_mean([{k: float(v) for k, v in m.items()} for m in window]),
+                         "total_step": self.offline_step + self.online_step},
+                        step=self.online_step, phase="online", kind="refit")
 
     def _run_online(self) -> None:
         cfg = self.cfg
@@ -263,6 +316,7 @@ class Runner:
         eval_steps = set(self._dip_eval_steps())
         bar = tqdm(total=cfg.online_steps, initial=self.online_step, desc=f"online {cfg.online_algo}",
                    disable=not self.progress, dynamic_ncols=True)
+        owed, owed_start = 0, self.online_step <= self.learning_start()  # gradient steps not yet taken
         chunk_actor = None
         if is_chunked(self.agent):  # chunks executed open-loop, one env step (and transition) per row
             chunk_actor = ChunkActor(self._online_chunk, self.agent.obs_horizon, self.agent.execute_horizon)
@@ -297,9 +351,16 @@ class Runner:
                 if chunk_actor is not None:
                     chunk_actor.reset()
             self.online_step = step = step + 1
-            if step > cfg.warmup_steps + cfg.random_steps and len(self.online_buffer) > 0:
-                for _ in range(cfg.utd):
-                    window.append(self.agent.update(self._batch(sampler, cfg.online_batch_size)))
+            if step > self.learning_start():
+                owed += cfg.utd
+                if len(self.online_buffer) > 0:  # Cal-QL adds whole episodes: updates owed meanwhile are deferred
+                    if owed_start and cfg.switch_temperature == "refit" and self.agent is not self.offline_agent:
+                        self._refit_temperature(sampler)
+                    owed_start = False
+                    window += self._updates(sampler, owed)
+                    owed = 0
+                if cfg.switch_temperature == "fast" and step == self.learning_start() + cfg.switch_temperature_steps:
+                    self._set_alpha_lr(self.agent.cfg.alpha_lr)
             bar.update(1)
             if step % cfg.log_every == 0 and window:
                 self.logger.log({**_mean(window), "total_step": self.offline_step + step}, step=step, phase="online",
@@ -310,6 +371,18 @@ class Runner:
                 bar.set_postfix(score=f"{record['eval/score']:.1f}")
             self._maybe_checkpoint(self.offline_step + step)  # an open Cal-QL episode is not saved: resume restarts it
         bar.close()
+
+    def _updates(self, sampler, count: int) -> list[dict]:
+        """`count` critic updates: in minibatch groups of `utd` with one actor step each (critic-only UTD,
+        for agents whose update splits a batch), else `count` full updates."""
+        cfg = self.cfg
+        if cfg.critic_only_utd and getattr(self.agent, "splits_utd", False):
+            metrics = []
+            for start in range(0, count, cfg.utd):
+                parts = min(cfg.utd, count - start)
+                metrics.append(self.agent.update(self._batch(sampler, cfg.online_batch_size * parts), utd=parts))
+            return metrics
+        return [self.agent.update(self._batch(sampler, cfg.online_batch_size)) for _ in range(count)]
 
     def _online_chunk(self, obs_seq: np.ndarray) -> np.ndarray:
         """The online phase's chunk source: pretrained policy (warmup), uniform noise (random steps), agent."""
@@ -352,7 +425,7 @@ class Runner:
         dip = lambda begin: None if start is None else post_switch_dip(by_step, begin, cfg.online_steps, start)
         summary = {
             "env": cfg.env, "offline_algo": cfg.offline_algo, "online_algo": cfg.online_algo, "seed": cfg.seed,
-            "offline_steps": cfg.offline_steps, "online_steps": cfg.online_steps,
+            "offline_steps": self.offline_step, "online_steps": cfg.online_steps, "pretrained": cfg.pretrained,
             "offline_score": (self.end_of_offline or {}).get("eval/score"),
             "online_score": final["eval/score"], "final_score": final["eval/score"],
             "best_score": max(r["eval/score"] for r in online),
@@ -417,6 +490,9 @@ class Runner:
         self.eval_history, self.rng.bit_generator.state = state["eval_history"], state["rng"]
         if self.phase == "online":
             self._switch_structure()
+            if self.cfg.switch_temperature == "fast" and self.online_step >= (
+                    self.learning_start() + self.cfg.switch_temperature_steps):
+                self._set_alpha_lr(self.agent.cfg.alpha_lr)
         split = lambda prefix: {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
         self.agent.load_state_dict(split("agent."))
         if self.pretrained_actor is not None and split("pretrained_actor."):
@@ -435,6 +511,63 @@ class Runner:
         finally:
             self.eval_history, self.end_of_offline, self.logger = history, end, logger
 
+    # -- pretrain once, fine-tune many ----------------------------------------------------------------
+    # Only the fields that shape the pretrained agent must match between the pretraining run and a run that
+    # starts from it; everything online (presets, temperature, UTD, budgets) is free to differ.
+    PRETRAINED_MATCH = ("env", "offline_algo", "offline_agent", "gamma", "reward_scale", "reward_bias",
+                        "sparse_failure_reward", "device")
+
+    def save_pretrained(self) -> Path:
+        """checkpoints/pretrained/: the offline agent at the switch, with the config that made it."""
+        final = self.run_dir / "checkpoints" / PRETRAINED_DIR
+        tmp = final.with_name(f".tmp_{PRETRAINED_DIR}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        save_file(self.offline_agent.state_dict(), str(tmp / "model.safetensors"))
+        state = dict(config=asdict(self.cfg), offline_step=self.offline_step,
+                     dataset_size=None if self.dataset is None else len(self.dataset),
+                     eval_history=[r for r in self.eval_history if r["phase"] == "offline"], saved_at=time.time())
+        (tmp / "state.json").write_text(json.dumps(state, default=float))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        return final
+
+    def load_pretrained(self, path: str | Path) -> None:
+        """Skip the offline phase: restore a saved pretraining whose config matches this run's."""
+        path = Path(path)
+        folder = path / "checkpoints" / PRETRAINED_DIR if (path / "checkpoints").is_dir() else path
+        if not (folder / "state.json").is_file():
+            raise CheckpointError(f"pretrained={path} has no saved pretraining (looked for {folder}/state.json); "
+                                  "pass a run directory whose offline phase finished")
+        try:
+            state = json.loads((folder / "state.json").read_text())
+            tensors = load_file(str(folder / "model.safetensors"))
+        except (OSError, ValueError, SafetensorError) as err:
+            raise CheckpointError(f"pretrained={folder} is corrupt or incomplete ({type(err).__name__}: {err}); "
+                                  "rerun its pretraining") from None
+        saved, mine = state["config"], _jsonable(asdict(self.cfg))
+        for key in self.PRETRAINED_MATCH:
+            if saved.get(key) != mine.get(key):
+                raise ConfigError(f"pretrained={path} was trained with {key}={saved.get(key)!r}, this run has "
+                                  f"{key}={mine.get(key)!r}; use the same setting or pretrain anew")
+        size = None if self.dataset is None else len(self.dataset)
+        if state.get("dataset_size") != size:
+            raise ConfigError(f"pretrained={path} was trained on {state.get('dataset_size')} transitions, this run "
+                              f"loads {size}; use the same dataset.size or pretrain anew")
+        try:
+            self.offline_agent.load_state_dict(tensors)
+        except (RuntimeError, KeyError) as err:
+            raise CheckpointError(f"pretrained={folder} does not fit this agent ({str(err).splitlines()[0]})") from None
+        self.offline_step = state["offline_step"]
+        self.eval_history = list(state["eval_history"])
+        for record in self.eval_history:  # the new run's metrics and curve show the pretraining it starts from
+            metrics = {k: v for k, v in record.items() if k not in ("step", "phase")}
+            self.logger.log(metrics, step=record["step"], phase="offline", kind="eval")
+        self.phase = "online"
+        print(f"pretrained: {folder} (offline step {self.offline_step}, "
+              f"score {self.eval_history[-1]['eval/score']:.1f})" if self.eval_history else f"pretrained: {folder}",
+              flush=True)
+
     def resume_latest(self) -> bool:
         root = self.run_dir / "checkpoints"
         found = sorted(p for p in root.glob("step_*") if p.is_dir()) if root.is_dir() else []
@@ -451,6 +584,11 @@ class Runner:
 class _NullLogger:
     def log(self, *args, **kwargs) -> None:
         pass
+
+
+def _jsonable(value):
+    """What a value reads back as from JSON (tuples become lists), for comparing configs."""
+    return json.loads(json.dumps(value, default=float))
 
 
 def _mean(window: list[dict]) -> dict:

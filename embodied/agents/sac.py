@@ -14,16 +14,23 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from embodied.agents.nets import CriticEnsemble, TensorCheckpoint, adam, mean_q, soft_update, to_torch, tune_allocator
+from embodied.agents.nets import CriticEnsemble, TensorCheckpoint, adam, mean_q, soft_update, split_batch, to_torch, tune_allocator
+from embodied.errors import ConfigError
 from policies.gaussian import TanhGaussianPolicy
 
 
 @dataclass
 class SACConfig:
-    hidden: tuple[int, ...] = (256, 256)
+    hidden: tuple[int, ...] = (256, 256)        # actor widths
+    critic_hidden: tuple[int, ...] | None = None  # None: the actor's widths (WSRL AntMaze: 4 x 256)
     num_critics: int = 2
-    num_min: int = 2                   # target = min over this many randomly chosen critics (RLPD: 2 of 10)
+    num_min: int = 2                   # target = min over this many randomly chosen critics (RLPD/WSRL: 2 of 10)
     critic_layernorm: bool = False
+    critic_kernel_scale_final: float | None = None  # WSRL: the last hidden layer's init scaled by 1e-2
+    actor_layernorm: bool = False      # WSRL: LayerNorm in the policy too
+    state_dependent_std: bool = True   # False: one learned log-std per action ("uniform", WSRL AntMaze)
+    log_std_range: tuple[float, float] = (-5.0, 2.0)  # WSRL: std clipped to [1e-5, 10]
+    actor_q: str = "mean"              # actor maximises the "mean" or the "min" (WSRL) over all critics
     actor_lr: float = 3e-4
     critic_lr: float = 3e-4
     alpha_lr: float = 3e-4
@@ -31,18 +38,33 @@ class SACConfig:
     tau: float = 0.005
     init_temperature: float = 1.0
     target_entropy: float | None = None  # None: -act_dim
-    backup_entropy: bool = True
+    backup_entropy: bool = True        # WSRL online: False
+    max_target_backup: bool = False    # target = max over `max_target_actions` next actions (WSRL AntMaze)
+    max_target_actions: int = 10
     bf16: bool = False                 # autocast matmuls to bfloat16 (pays on AVX512-BF16 CPUs and GPUs)
+
+    def __post_init__(self):
+        if self.actor_q not in ACTOR_Q:
+            raise ConfigError(f"actor_q={self.actor_q!r} must be one of {', '.join(ACTOR_Q)}")
+        if self.num_critics < 1 or not 1 <= self.num_min <= self.num_critics:
+            raise ConfigError(f"num_critics={self.num_critics}, num_min={self.num_min}: need 1 <= num_min <= num_critics")
+
+
+ACTOR_Q = ("mean", "min")
 
 
 class SAC(TensorCheckpoint):
+    splits_utd = True  # update(batch, utd) takes utd critic minibatches from one batch (the runner's critic-only UTD)
+
     def __init__(self, obs_dim: int, act_dim: int, cfg: SACConfig = SACConfig(), device: str = "cpu", seed: int = 0):
         self.cfg, self.device = cfg, torch.device(device)
         if self.device.type == "cpu":
             tune_allocator()
         self.obs_dim, self.act_dim = obs_dim, act_dim
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
-        self.actor = TanhGaussianPolicy(obs_dim, act_dim, cfg.hidden).to(self.device)
+        self.actor = TanhGaussianPolicy(obs_dim, act_dim, cfg.hidden, layernorm=cfg.actor_layernorm,
+                                        state_dependent_std=cfg.state_dependent_std,
+                                        log_std_range=cfg.log_std_range).to(self.device)
         self.log_alpha = torch.tensor(float(np.log(cfg.init_temperature)), device=self.device, requires_grad=True)
         self.target_entropy = -float(act_dim) if cfg.target_entropy is None else cfg.target_entropy
         self._build_critic()
@@ -51,7 +73,8 @@ class SAC(TensorCheckpoint):
 
     def _build_critic(self) -> None:
         cfg = self.cfg
-        self.critic = CriticEnsemble(self.obs_dim, self.act_dim, cfg.hidden, cfg.num_critics, cfg.critic_layernorm)
+        self.critic = CriticEnsemble(self.obs_dim, self.act_dim, cfg.critic_hidden or cfg.hidden, cfg.num_critics,
+                                     cfg.critic_layernorm, cfg.critic_kernel_scale_final)
         self.critic.to(self.device)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
         self.critic_optimizer = adam(self.critic.parameters(), cfg.critic_lr)
@@ -99,34 +122,40 @@ class SAC(TensorCheckpoint):
         return q_values.index_select(0, subset).min(0).values
 
     def td_target(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        next_obs = batch["next_observations"]
+        k = self.cfg.max_target_actions if self.cfg.max_target_backup else 1
         with torch.no_grad(), self.autocast():
-            next_action, next_log_prob = self.actor.sample_with_log_prob(batch["next_observations"])
-            next_q = self.critic_subset_min(self.target_critic(batch["next_observations"], next_action).float())
+            repeated = next_obs.repeat(k, 1) if k > 1 else next_obs
+            next_action, next_log_prob = self.actor.sample_with_log_prob(repeated)
+            next_q = self.critic_subset_min(self.target_critic(repeated, next_action).float())
+            next_q, next_log_prob = next_q.view(k, -1), next_log_prob.float().view(k, -1)
+            if k > 1:  # max-target backup: the best of k next actions
+                next_q, best = next_q.max(0, keepdim=True)
+                next_log_prob = next_log_prob.gather(0, best)
+            next_q, next_log_prob = next_q[0], next_log_prob[0]
             if self.cfg.backup_entropy:
-                next_q = next_q - self.log_alpha.exp() * next_log_prob.float()
+                next_q = next_q - self.log_alpha.exp() * next_log_prob
             return batch["rewards"] + self.cfg.gamma * (1.0 - batch["terminals"]) * next_q
 
-    def update_critic(self, batch: dict[str, torch.Tensor], extra_loss=None) -> dict[str, torch.Tensor]:
-        target_q = self.td_target(batch)
+    def update_critic(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        target_q = self.td_target(batch)  # fp32: bf16 spacing at |Q| ~ 30 is 0.25, the size of the action gaps
         with self.autocast():
-            q = self.critic(batch["observations"], batch["actions"]).float()
+            q = self.critic(batch["observations"], batch["actions"])
+        q = q.float()
         td_loss = ((q - target_q) ** 2).mean(1).sum()  # sum over critics: each member's gradient is independent of N
-        loss, metrics = td_loss, {}
-        if extra_loss is not None:  # CQL/Cal-QL add their conservative penalty here
-            penalty, metrics = extra_loss(batch, q)
-            loss = loss + penalty
         self.critic_optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        td_loss.backward()
         self.critic_optimizer.step()
         soft_update(self.target_critic, self.critic, self.cfg.tau)
-        return {"critic_loss": td_loss.detach(), "q_mean": q.detach().mean(), "target_q_mean": target_q.mean(), **metrics}
+        return {"critic_loss": td_loss.detach(), "q_mean": q.detach().mean(), "target_q_mean": target_q.mean()}
 
     def update_actor_and_alpha(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         obs = batch["observations"]
         self.critic.requires_grad_(False)  # the actor loss needs dQ/da, not critic weight gradients
         with self.autocast():
             action, log_prob = self.actor.sample_with_log_prob(obs)
-            q = self.critic(obs, action).float().mean(0)
+            q = self.critic(obs, action).float()
+        q = q.min(0).values if self.cfg.actor_q == "min" else q.mean(0)
         log_prob = log_prob.float()
         alpha = self.log_alpha.exp().detach()
         actor_loss = (alpha * log_prob - q).mean()
@@ -139,9 +168,12 @@ class SAC(TensorCheckpoint):
         self.critic.requires_grad_(True)
         return {"actor_loss": actor_loss.detach(), "alpha": alpha, "entropy": -log_prob.detach().mean()}
 
-    def update(self, batch) -> dict[str, float]:
+    def update(self, batch, utd: int = 1) -> dict[str, float]:
+        """`utd` critic steps on equal slices of the batch, then one actor and temperature step on all of it
+        (RLPD's and WSRL's `update_high_utd`: UTD 4 with batch 1024 is 4 critic minibatches of 256)."""
         batch = to_torch(batch, self.device)
-        metrics = self.update_critic(batch)
+        for minibatch in split_batch(batch, utd):
+            metrics = self.update_critic(minibatch)
         metrics.update(self.update_actor_and_alpha(batch))
         return {k: float(v) for k, v in metrics.items()}
 

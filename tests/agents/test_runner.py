@@ -35,24 +35,30 @@ def small(**overrides) -> RunnerConfig:
 
 
 def count_updates(runner: Runner) -> list[int]:
-    calls = [0]
+    """[update calls, critic steps, batch rows seen]."""
+    calls = [0, 0, 0]
     original = runner.agent.update
 
-    def counted(batch):
+    def counted(batch, utd=1):
         calls[0] += 1
-        return original(batch)
+        calls[1] += utd
+        calls[2] += len(batch["rewards"])
+        return original(batch, utd=utd)
 
     runner.agent.update = counted
     return calls
 
 
-def test_warmup_takes_no_gradient_steps_and_utd_multiplies_them(dataset, tmp_path):
-    runner = Runner(small(warmup_steps=40, utd=3), dataset, tmp_path, CountingLogger(), progress=False)
+@pytest.mark.parametrize("critic_only_utd", [False, True])
+def test_warmup_takes_no_gradient_steps_and_utd_multiplies_them(dataset, tmp_path, critic_only_utd):
+    runner = Runner(small(warmup_steps=40, utd=3, critic_only_utd=critic_only_utd), dataset, tmp_path,
+                    CountingLogger(), progress=False)
     runner._run_offline()
     runner._switch()
     calls = count_updates(runner)
     runner._run_online()
-    assert calls[0] == (60 - 40) * 3
+    assert calls[1] == (60 - 40) * 3 and calls[2] == (60 - 40) * 3 * 32  # critic steps and rows: the same budget
+    assert calls[0] == (60 - 40) * (1 if critic_only_utd else 3)  # one actor step per env step (WSRL) or per update
 
 
 @pytest.mark.parametrize("reinit_critic", [False, True])
@@ -82,7 +88,7 @@ def test_offline_ratio_zero_never_samples_offline_data(dataset, tmp_path):
     runner.offline_buffer.rewards[:] = 123.0
     seen = []
     original = runner.agent.update
-    runner.agent.update = lambda batch: (seen.append(batch["rewards"]), original(batch))[1]
+    runner.agent.update = lambda batch, **kw: (seen.append(batch["rewards"]), original(batch, **kw))[1]
     runner._run_online()
     assert seen and not np.any(np.concatenate(seen) == 123.0)
 
@@ -103,3 +109,69 @@ def test_switch_diagnostics_are_logged(dataset, tmp_path):
     assert all("switch/calibration_gap" in m and "switch/action_distance" in m for m in online_evals[1:])
     assert summary["dip"] is not None and summary["offline_score"] is not None
     assert summary["calibration_gap_final"] == online_evals[-1]["switch/calibration_gap"]
+
+
+def test_every_eval_uses_the_same_start_states(dataset, tmp_path):
+    """Paired evals: the dip compares the same episodes, not new draws (before: seeds moved with the step)."""
+    runner = Runner(small(), dataset, tmp_path, CountingLogger(), progress=False)
+    first, later = runner.evaluate(0, 0), runner.evaluate(0, 5000)
+    assert first["eval/return"] == later["eval/return"] and first["eval/length"] == later["eval/length"]
+
+
+def test_calql_fine_tuning_defers_the_updates_of_its_first_episode(dataset, tmp_path):
+    """Before: Cal-QL `same` added transitions at episode end and skipped the first episode's updates."""
+    runner = Runner(small(online_algo="same", offline_ratio=0.5, online_steps=400, eval_every_online=400, utd=2),
+                    dataset, tmp_path, CountingLogger(), progress=False)
+    runner._run_offline()
+    runner._switch()
+    calls = count_updates(runner)
+    runner._run_online()
+    assert runner.episodes_done >= 1
+    assert 0 < len(runner.online_buffer) < 400  # the first episode ended inside the budget ...
+    assert calls[1] == 400 * 2  # ... and its updates were taken when it did, not skipped
+
+
+@pytest.mark.parametrize("mode", ["keep", "reset", "fast", "refit"])
+def test_switch_temperature_knob(dataset, tmp_path, mode):
+    logger = CountingLogger()
+    runner = Runner(small(switch_temperature=mode, switch_temperature_value=0.05, switch_temperature_steps=5,
+                          warmup_steps=20), dataset, tmp_path, logger, progress=False)
+    runner._run_offline()
+    pretrained = float(runner.offline_agent.log_alpha.detach().exp())
+    runner._switch()
+    at_switch = float(runner.agent.log_alpha.exp())
+    lr = runner.agent.alpha_optimizer.param_groups[0]["lr"]
+    if mode == "reset":
+        assert at_switch == pytest.approx(0.05)
+    else:
+        assert at_switch == pytest.approx(pretrained)
+    assert lr == pytest.approx(runner.agent.cfg.alpha_lr * (10.0 if mode == "fast" else 1.0))
+    runner._run_online()
+    assert runner.agent.alpha_optimizer.param_groups[0]["lr"] == pytest.approx(runner.agent.cfg.alpha_lr)
+    refits = [r for r in logger.records if r[1] == "refit"]
+    assert len(refits) == (1 if mode == "refit" else 0)
+    with pytest.raises(ConfigError, match="switch_temperature"):
+        Runner(small(switch_temperature="warm"), dataset, tmp_path, CountingLogger())
+
+
+def test_pretrain_once_fine_tune_many(dataset, tmp_path):
+    first = Runner(small(), dataset, tmp_path / "a", CountingLogger(), progress=False)
+    summary = first.run()
+    saved = tmp_path / "a" / "checkpoints" / "pretrained"
+    assert (saved / "model.safetensors").is_file() and (saved / "state.json").is_file()
+    logger = CountingLogger()
+    second = Runner(small(pretrained=str(tmp_path / "a"), warmup_steps=10), dataset, tmp_path / "b", logger,
+                    progress=False)
+    calls = []
+    second.offline_agent.update = lambda *a, **k: calls.append(1)
+    resumed = second.run()
+    assert not calls  # no offline gradient step: the pretraining was restored
+    assert resumed["offline_score"] == summary["offline_score"] and resumed["offline_steps"] == 20
+    assert any(phase == "offline" and kind == "eval" for phase, kind, _, _ in logger.records)
+    for bad, match in ((dict(offline_agent={"hidden": (16, 16)}), "offline_agent"), (dict(gamma=0.9), "gamma")):
+        with pytest.raises(ConfigError, match=match):
+            Runner(small(pretrained=str(tmp_path / "a"), **bad), dataset, tmp_path / "c", CountingLogger(),
+                   progress=False).run()
+    from embodied.errors import CheckpointError
+    with pytest.raises(CheckpointError, match="no saved pretraining"):
+        Runner(small(pretrained=str(tmp_path / "nothing")), dataset, tmp_path / "d", CountingLogger()).run()
