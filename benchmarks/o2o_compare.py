@@ -1,110 +1,125 @@
-"""Offline-to-online presets side by side: wsrl, naive, rlpd, calql and scratch, same seeds, same
-dataset, same budgets, on Hopper (medium-replay-like data) and sparse PointMaze.
+"""Offline-to-online presets side by side: wsrl, naive, calql, rlpd and scratch, same seeds, same dataset,
+same budgets, on Hopper (medium-replay), sparse PointMaze-medium and OGBench cube-single.
 
-Underneath it is one Hydra multirun sweep per task (`python -m embodied.train -m ...` with the
-`o2o_<task>` experiment preset); the sweeps of different tasks run concurrently, one per core.
-Then `embodied.summary` turns each sweep into the DESIGN.md §5 table.
+Pretrain once, fine-tune many: per task and seed, the wsrl job pretrains and saves its agent
+(`checkpoints/pretrained/`); naive, and calql where its pretraining is the same (Cal-QL tasks), start online
+from it with `pretrained=<that run>`, so the methods differ only after the switch. Jobs run as
+`python -m embodied.train` processes, `--jobs` at a time with one thread each, and write raw runs under
+`--out` (default `benchmarks/results/raw/`, ignored by git); `embodied.summary` turns each task into the
+DESIGN.md §5 table and curves, which this script copies next to the summary it commits.
 
-    python benchmarks/o2o_compare.py                       # the full comparison (about an hour on 2 cores)
-    python benchmarks/o2o_compare.py --quick               # seconds-long check of the plumbing
-    python benchmarks/o2o_compare.py --launcher ray        # the same sweeps through the Ray launcher
+    python benchmarks/o2o_compare.py                              # every task, 3 seeds (hours on 2 cores)
+    python benchmarks/o2o_compare.py --tasks pointmaze --seeds 3  # one task
+    python benchmarks/o2o_compare.py --quick                      # seconds-long check of the plumbing
 """
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
-from datetime import datetime
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TASKS = {"hopper": "o2o_hopper", "pointmaze": "o2o_pointmaze"}
-PRESETS = ["wsrl", "naive", "rlpd", "calql", "scratch"]
+TASKS = {"hopper": "o2o_hopper", "pointmaze": "o2o_pointmaze", "cube-single": "o2o_cube_single"}
+PRESETS = ["wsrl", "naive", "calql", "rlpd", "scratch"]
+SHARES_PRETRAINING = {"naive": "wsrl", "calql": "wsrl"}  # reuses wsrl's pretraining when the offline agent matches
 QUICK = ["experiment=smoke"]
 
 
-def sweep_command(task: str, presets: list[str], seeds: int, sweep_dir: Path, quick: bool, launcher: str,
-                  extra: list[str]) -> list[str]:
-    env = "hopper" if task == "hopper" else "pointmaze-umaze"
-    experiment = [f"experiment={TASKS[task]}"] if not quick else QUICK + ["dataset=random" if task == "hopper" else "dataset=medium-replay"]
-    command = [sys.executable, "-m", "embodied.train", "-m", *experiment, f"env={env}", f"algo={','.join(presets)}",
-               f"seed={','.join(str(s) for s in range(seeds))}", f"hydra.sweep.dir={sweep_dir}", *extra]
-    if launcher == "ray":
-        command += ["hydra/launcher=ray_local"]
-    return command
+def job_overrides(task: str, preset: str, seed: int, quick: bool, extra: list[str]) -> list[str]:
+    experiment = QUICK + [f"env={'hopper' if task == 'hopper' else 'pointmaze-umaze'}"] if quick else [
+        f"experiment={TASKS[task]}"]
+    if quick and task == "hopper":
+        experiment.append("dataset=random")
+    return [*experiment, f"algo={preset}", f"seed={seed}", "threads=1", "progress=false", *extra]
 
 
-def pregenerate(task: str, quick: bool) -> None:
-    """Make the task's dataset once, before the sweep's jobs would race to make it."""
+def offline_algo(overrides: list[str]) -> str | None:
+    """The offline agent a job would pretrain, from its composed config (to know who can share)."""
     from hydra import compose, initialize_config_dir
 
-    from embodied.train import CONF_DIR, load_dataset
+    from embodied.train import CONF_DIR
 
-    overrides = [f"experiment={TASKS[task]}"] if not quick else QUICK + (
-        ["env=hopper", "dataset=random"] if task == "hopper" else [])
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=overrides)
-    dataset = load_dataset(cfg)
-    returns = dataset.episode_returns()
-    print(f"[{task}] dataset {cfg.env.name}/{cfg.dataset.quality}: {len(dataset)} transitions, "
-          f"{dataset.num_episodes} episodes, return mean {returns.mean():.1f} (min {returns.min():.1f}, "
-          f"max {returns.max():.1f})", flush=True)
+        return compose(config_name="train", overrides=overrides).algo.offline_algo
+
+
+def run_job(overrides: list[str], run_dir: Path) -> tuple[Path, int, float]:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    with open(run_dir / "train.log", "w") as log:
+        code = subprocess.call([sys.executable, "-m", "embodied.train", *overrides, f"hydra.run.dir={run_dir}"],
+                               cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    return run_dir, code, time.time() - started
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tasks", default="hopper,pointmaze", help="comma list of: " + ", ".join(TASKS))
+    parser.add_argument("--tasks", default=",".join(TASKS), help="comma list of: " + ", ".join(TASKS))
     parser.add_argument("--presets", default=",".join(PRESETS))
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=None, help="sweep root (default benchmarks/results/o2o_<time>)")
-    parser.add_argument("--launcher", choices=["basic", "ray"], default="basic")
+    parser.add_argument("--first-seed", type=int, default=0, help="run seeds first..first+seeds-1 (sweeps in pieces)")
+    parser.add_argument("--jobs", type=int, default=2, help="train processes at a time (one thread each)")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "raw" / "o2o")
+    parser.add_argument("--summary", type=Path, default=REPO / "benchmarks" / "results" / "o2o",
+                        help="where each task's summary (md, csv, curves) is copied")
     parser.add_argument("--quick", action="store_true", help="tiny budgets: checks the plumbing, not the methods")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every job")
     args = parser.parse_args()
     tasks = [t for t in args.tasks.split(",") if t]
-    unknown = [t for t in tasks if t not in TASKS]
-    if unknown or args.seeds < 1:
-        parser.error(f"unknown task(s) {unknown}; valid: {', '.join(TASKS)}" if unknown else "--seeds must be >= 1")
-    presets = args.presets.split(",")
-    root = args.out or REPO / "benchmarks" / "results" / f"o2o_{datetime.now():%Y%m%d-%H%M%S}"
-    root.mkdir(parents=True, exist_ok=True)
-
-    for task in tasks:
-        pregenerate(task, args.quick)
-    started = time.time()
-    processes = {}
-    for task in tasks:
-        command = sweep_command(task, presets, args.seeds, root / task, args.quick, args.launcher, args.overrides)
-        log = open(root / f"{task}.log", "w")
-        print(f"[{task}] {' '.join(command[1:])}\n[{task}] log: {log.name}", flush=True)
-        processes[task] = (subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT), log)
-        if args.launcher == "ray":  # one Ray instance at a time on this machine
-            processes[task][0].wait()
-    failed = []
-    for task, (process, log) in processes.items():
-        if process.wait() != 0:
-            failed.append(task)
-        log.close()
+    presets = [p for p in args.presets.split(",") if p]
+    unknown = [t for t in tasks if t not in TASKS] + [p for p in presets if p not in PRESETS]
+    if unknown or args.seeds < 1 or args.jobs < 1:
+        parser.error(f"unknown task/preset {unknown}; tasks: {', '.join(TASKS)}; presets: {', '.join(PRESETS)}"
+                     if unknown else "--seeds and --jobs must be >= 1")
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    started, failed = time.time(), []
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for task in tasks:
+            # owners first (they pretrain), then the jobs that start from an owner's pretraining
+            owners = {(p, s): pool.submit(run_job, job_overrides(task, p, s, args.quick, args.overrides),
+                                          args.out / task / f"{p}_s{s}")
+                      for s in seeds for p in presets if p not in SHARES_PRETRAINING}
+            followers = []
+            for s in seeds:
+                for p in presets:
+                    if p not in SHARES_PRETRAINING:
+                        continue
+                    overrides = job_overrides(task, p, s, args.quick, args.overrides)
+                    owner = SHARES_PRETRAINING[p]
+                    shares = owner in presets and offline_algo(overrides) == offline_algo(
+                        job_overrides(task, owner, s, args.quick, args.overrides))
+                    if shares:
+                        run_dir, code, _ = owners[(owner, s)].result()
+                        if code == 0:
+                            overrides = overrides + [f"pretrained={run_dir}"]
+                    followers.append(pool.submit(run_job, overrides, args.out / task / f"{p}_s{s}"))
+            for future in [*owners.values(), *followers]:
+                run_dir, code, seconds = future.result()
+                print(f"[{task}] {run_dir.name}: {'ok' if code == 0 else f'FAILED (rc {code})'} in {seconds / 60:.1f} min",
+                      flush=True)
+                if code != 0:
+                    failed.append(str(run_dir))
     elapsed = time.time() - started
-
-    report = [f"# Offline-to-online comparison ({'quick' if args.quick else 'full'})", "",
-              f"presets {', '.join(presets)}; {args.seeds} seeds; launcher {args.launcher}; "
-              f"wall clock {elapsed / 60:.1f} min", ""]
     for task in tasks:
-        if task in failed:
-            report += [f"## {task}: sweep FAILED, see {root / (task + '.log')}", ""]
-            continue
-        result = subprocess.run([sys.executable, "-m", "embodied.summary", str(root / task)], cwd=REPO,
-                                capture_output=True, text=True)
-        report += [f"## {task}", "", result.stdout.strip() or result.stderr.strip(), ""]
-    text = "\n".join(report)
-    (root / "REPORT.md").write_text(text)
-    print(text)
-    (root / "args.json").write_text(json.dumps(vars(args), default=str, indent=2))
+        summary_dir = args.summary / task
+        result = subprocess.run([sys.executable, "-m", "embodied.summary", str(args.out / task), "--out",
+                                 str(summary_dir)], cwd=REPO, capture_output=True, text=True)
+        print(f"\n## {task}\n\n{result.stdout.strip() or result.stderr.strip()}")
+        summary_dir.mkdir(parents=True, exist_ok=True)
+        (summary_dir / "args.json").write_text(json.dumps(
+            {**vars(args), "seeds": list(seeds), "wall_clock_min": round(elapsed / 60, 1), "failed": failed},
+            default=str, indent=2))
+        for name in ("summary.json",):
+            for path in (args.out / task).glob(f"*/{name}"):
+                shutil.copy(path, summary_dir / f"{path.parent.name}.json")
+    print(f"\nwall clock {elapsed / 60:.1f} min; {len(failed)} failed job(s)")
     if failed:
-        raise SystemExit(f"sweeps failed: {', '.join(failed)}")
+        raise SystemExit(f"failed jobs: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

@@ -1,56 +1,87 @@
-"""Which online knob stops the post-switch collapse on PointMaze? One Cal-QL pretraining (the
-o2o_pointmaze budget: 4,000 bf16 steps on medium-replay data), then WSRL's online phase (1,000 warmup
-steps, SAC at UTD 1) from that same pretrained agent with several SAC variants.
+"""Which of WSRL's online knobs matter? One pretraining, then WSRL's online phase from that same pretrained
+agent with one faithful knob removed at a time (`pretrained=<run>`, so every variant starts from identical
+weights and differs only after the switch).
 
-    python benchmarks/switch_ablation.py        # about 10 minutes on 2 idle cores
+    python benchmarks/switch_ablation.py                       # o2o_pointmaze budgets, seed 0
+    python benchmarks/switch_ablation.py --experiment o2o_hopper --seeds 2
+    python benchmarks/switch_ablation.py --quick               # seconds-long plumbing check
 
-Prints the online eval curve (step, success %) of each variant.
+Raw runs go to benchmarks/results/raw/ablation/ (ignored by git); the table (md + csv) to --summary.
 """
 from __future__ import annotations
 
-import copy
+import argparse
+import json
+import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from o2o_compare import REPO, run_job  # noqa: E402
 
-from embodied.agents.runner import Runner, RunnerConfig
-from embodied.data import catalog
-
+# name -> overrides that remove one faithful knob (the wsrl preset is the reference)
 VARIANTS = {
-    "default": {},
-    "no_entropy_backup": {"backup_entropy": False},      # as in CQL/Cal-QL pretraining
-    "actor_lr_1e-4": {"actor_lr": 1e-4},                 # the pretraining actor learning rate
-    "both": {"backup_entropy": False, "actor_lr": 1e-4},
+    "wsrl (faithful)": [],
+    "temperature reset to 0.05": ["algo.switch_temperature=reset"],
+    "temperature: fast lr first 1k": ["algo.switch_temperature=fast"],
+    "actor on mean of critics": ["algo.online_agent.actor_q=mean"],
+    "full UTD (actor every critic step)": ["algo.critic_only_utd=false"],
+    "entropy in the backup": ["algo.online_agent.backup_entropy=true"],
+    "warmup 200 instead of the preset's": ["budget.warmup_steps=200"],
 }
 
 
-class NoLogger:
-    def log(self, *args, **kwargs) -> None:
-        pass
-
-
 def main() -> None:
-    torch.set_num_threads(1)
-    dataset = catalog.load_dataset("pointmaze-umaze", "medium-replay", 50_000, progress=False)
-    critic = dict(num_critics=2, critic_layernorm=True, bf16=True)
-    base = dict(env="pointmaze-umaze", offline_algo="calql", online_algo="sac", offline_steps=4000,
-                online_steps=3000, warmup_steps=1000, eval_episodes=10, eval_every_offline=4000,
-                eval_every_online=500, video_episodes=0, dip_evals=1, reward_bias=-1.0, sparse_failure_reward=0.0,
-                offline_agent=critic, online_agent=critic)
-    pretraining = Runner(RunnerConfig(**base), dataset, "/tmp/switch_ablation", NoLogger(), progress=False)
-    started = time.time()
-    pretraining._run_offline()
-    end_of_offline = pretraining.eval_history[-1]
-    print(f"pretrained Cal-QL: success {end_of_offline['eval/score']:.0f}% ({time.time() - started:.0f} s)", flush=True)
-    for name, extra in VARIANTS.items():
-        cfg = RunnerConfig(**{**base, "online_agent": {**critic, **extra}})
-        runner = Runner(cfg, dataset, f"/tmp/switch_ablation/{name}", NoLogger(), progress=False)
-        runner.offline_agent = runner.agent = copy.deepcopy(pretraining.offline_agent)
-        runner.offline_step, runner.eval_history = cfg.offline_steps, [dict(end_of_offline)]
-        runner._switch()
-        runner._run_online()
-        curve = [(r["step"], round(r["eval/score"])) for r in runner.eval_history if r["phase"] == "online"]
-        print(f"{name}: {curve}", flush=True)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--experiment", default="o2o_pointmaze")
+    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "raw" / "ablation")
+    parser.add_argument("--summary", type=Path, default=REPO / "benchmarks" / "results" / "ablation")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every job")
+    args = parser.parse_args()
+    if args.seeds < 1 or args.jobs < 1:
+        parser.error("--seeds and --jobs must be >= 1")
+    base = (["experiment=smoke", "env=pointmaze-umaze", "dataset=medium-replay"] if args.quick
+            else [f"experiment={args.experiment}"]) + ["algo=wsrl", "threads=1", "progress=false", *args.overrides]
+    out = args.out / (args.experiment if not args.quick else "quick")
+    started, rows = time.time(), []
+    with ThreadPoolExecutor(args.jobs) as pool:
+        pretrainings = {s: pool.submit(run_job, base + [f"seed={s}", "budget.online_steps=0", "eval.video_episodes=0"],
+                                       out / f"pretrain_s{s}") for s in range(args.seeds)}
+        jobs = []
+        for s in range(args.seeds):
+            run_dir, code, _ = pretrainings[s].result()
+            if code != 0:
+                raise SystemExit(f"pretraining failed: see {run_dir}/train.log")
+            for name, extra in VARIANTS.items():
+                slug = "".join(c if c.isalnum() else "_" for c in name).strip("_")
+                jobs.append((name, s, pool.submit(run_job, base + [f"seed={s}", f"pretrained={run_dir}", *extra],
+                                                  out / f"{slug}_s{s}")))
+        for name, s, future in jobs:
+            run_dir, code, seconds = future.result()
+            summary = json.loads((run_dir / "summary.json").read_text()) if code == 0 else {}
+            rows.append(dict(variant=name, seed=s, rc=code, minutes=round(seconds / 60, 1),
+                             **{k: summary.get(k) for k in ("offline_score", "final_score", "best_score",
+                                                             "dip_after_learning_starts", "online_success")}))
+            print(rows[-1], flush=True)
+    args.summary.mkdir(parents=True, exist_ok=True)
+    lines = [f"# WSRL ablation ({args.experiment}, {args.seeds} seed(s), {(time.time() - started) / 60:.0f} min)", "",
+             "| variant | seeds | end of offline | final | best | dip from first gradient step |", "|---|---|---|---|---|---|"]
+    fmt = lambda values: "n/a" if not values else f"{sum(values) / len(values):.1f}"
+    for name in VARIANTS:
+        mine = [r for r in rows if r["variant"] == name and r["rc"] == 0]
+        pick = lambda key: [r[key] for r in mine if r[key] is not None]
+        lines.append(f"| {name} | {len(mine)} | {fmt(pick('offline_score'))} | {fmt(pick('final_score'))} | "
+                     f"{fmt(pick('best_score'))} | {fmt(pick('dip_after_learning_starts'))} |")
+    text = "\n".join(lines)
+    tag = "quick" if args.quick else args.experiment
+    (args.summary / f"{tag}.md").write_text(text + "\n")
+    (args.summary / f"{tag}.json").write_text(json.dumps(rows, indent=2))
+    print(text)
 
 
 if __name__ == "__main__":

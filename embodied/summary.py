@@ -24,7 +24,7 @@ from embodied.stats import bootstrap_ci
 SCORE_FIELDS = ("offline_score", "online_score", "final_score", "best_score", "dip",
                 "dip_after_learning_starts", "calibration_gap_final", "action_distance_final",
                 "offline_success", "online_success")
-GROUPING_KEYS = {"env", "algo", "preset", "seed"}  # overrides that never split a method
+GROUPING_KEYS = {"env", "algo", "preset", "seed", "pretrained", "threads", "progress"}  # overrides that never split a method
 MIN_EPISODES = 20  # DESIGN.md §5
 CI_NOTE = ("mean [95% CI]: percentile bootstrap of the mean over seeds, 10,000 resamples. "
            "dip = worst eval in the first 10% of online steps minus end-of-offline "

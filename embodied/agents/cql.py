@@ -185,13 +185,14 @@ class CQL(SAC):
             self.cql_alpha_optimizer.step()
         return metrics
 
-    def update(self, batch, utd: int = 1) -> dict[str, float]:
+    def update(self, batch, utd: int = 1, actor: bool = True) -> dict[str, float]:
         batch = to_torch(batch, self.device)
         if self.cfg.calql and "mc_returns" not in batch:
             raise KeyError("Cal-QL needs batch['mc_returns']: load the replay with Monte-Carlo returns")
         for minibatch in split_batch(batch, utd):
             metrics = self.update_conservative_critic(minibatch)
-        metrics.update(self.update_actor_and_alpha(batch))
+        if actor:
+            metrics.update(self.update_actor_and_alpha(batch))
         return {k: float(v) for k, v in metrics.items()}
 
     def _optimizers(self) -> dict:

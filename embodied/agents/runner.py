@@ -65,6 +65,7 @@ class RunnerConfig:
     switch_temperature_value: float = 0.05    # reset: the new temperature
     switch_temperature_steps: int = 1000      # fast: steps at the raised lr; refit: actor+temperature steps
     switch_temperature_lr_scale: float = 10.0  # fast: temperature lr multiplier for the first steps
+    actor_delay_steps: int = 0                # env steps after learning starts with critic updates only (0: WSRL)
     pretrained: str | None = None             # start online from this run's saved pretraining (skip offline)
     gamma: float = 0.99
     reward_scale: float = 1.0                 # r' = reward_scale * r + reward_bias, applied once, here
@@ -376,6 +377,11 @@ class Runner:
         """`count` critic updates: in minibatch groups of `utd` with one actor step each (critic-only UTD,
         for agents whose update splits a batch), else `count` full updates."""
         cfg = self.cfg
+        if cfg.actor_delay_steps and self.online_step <= self.learning_start() + cfg.actor_delay_steps:
+            if not getattr(self.agent, "splits_utd", False):
+                raise ConfigError(f"algo.actor_delay_steps needs an agent with critic-only updates; "
+                                  f"{type(self.agent).__name__} has none: set it to 0")
+            return [self.agent.update(self._batch(sampler, cfg.online_batch_size * count), utd=count, actor=False)]
         if cfg.critic_only_utd and getattr(self.agent, "splits_utd", False):
             metrics = []
             for start in range(0, count, cfg.utd):
@@ -547,9 +553,14 @@ class Runner:
                                   "rerun its pretraining") from None
         saved, mine = state["config"], _jsonable(asdict(self.cfg))
         for key in self.PRETRAINED_MATCH:
-            if saved.get(key) != mine.get(key):
-                raise ConfigError(f"pretrained={path} was trained with {key}={saved.get(key)!r}, this run has "
-                                  f"{key}={mine.get(key)!r}; use the same setting or pretrain anew")
+            theirs, ours = saved.get(key), mine.get(key)
+            if isinstance(theirs, dict) and isinstance(ours, dict):  # name the options that differ, not the dicts
+                differ = sorted(k for k in {*theirs, *ours} if theirs.get(k, "<unset>") != ours.get(k, "<unset>"))
+                theirs = {k: theirs.get(k, "<unset>") for k in differ}
+                ours = {k: ours.get(k, "<unset>") for k in differ}
+            if theirs != ours:
+                raise ConfigError(f"pretrained={path} was trained with {key}={theirs!r}, this run has "
+                                  f"{key}={ours!r}; use the same setting or pretrain anew")
         size = None if self.dataset is None else len(self.dataset)
         if state.get("dataset_size") != size:
             raise ConfigError(f"pretrained={path} was trained on {state.get('dataset_size')} transitions, this run "

@@ -168,13 +168,15 @@ class SAC(TensorCheckpoint):
         self.critic.requires_grad_(True)
         return {"actor_loss": actor_loss.detach(), "alpha": alpha, "entropy": -log_prob.detach().mean()}
 
-    def update(self, batch, utd: int = 1) -> dict[str, float]:
+    def update(self, batch, utd: int = 1, actor: bool = True) -> dict[str, float]:
         """`utd` critic steps on equal slices of the batch, then one actor and temperature step on all of it
-        (RLPD's and WSRL's `update_high_utd`: UTD 4 with batch 1024 is 4 critic minibatches of 256)."""
+        (RLPD's and WSRL's `update_high_utd`: UTD 4 with batch 1024 is 4 critic minibatches of 256).
+        actor=False: critic steps only (the runner's actor delay after the switch)."""
         batch = to_torch(batch, self.device)
         for minibatch in split_batch(batch, utd):
             metrics = self.update_critic(minibatch)
-        metrics.update(self.update_actor_and_alpha(batch))
+        if actor:
+            metrics.update(self.update_actor_and_alpha(batch))
         return {k: float(v) for k, v in metrics.items()}
 
     def q_values(self, obs, action) -> np.ndarray:
