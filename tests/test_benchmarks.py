@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -25,11 +27,25 @@ def test_bf16_check_quick(tmp_path, run_benchmark):
     assert list(tmp_path.glob("bf16_check-*.json"))
 
 
-def test_o2o_compare_quick(tmp_path, monkeypatch, run_benchmark):
-    run_benchmark("o2o_compare.py", "--quick", "--seeds", "1", "--presets", "wsrl,scratch", "--out", str(tmp_path),
-                    timeout=600)
-    report = (tmp_path / "REPORT.md").read_text()
-    assert "| wsrl | hopper |" in report and "| scratch | pointmaze-umaze |" in report
+@pytest.mark.slow
+def test_o2o_compare_quick_shares_one_pretraining(tmp_path, run_benchmark):
+    run_benchmark("o2o_compare.py", "--quick", "--seeds", "1", "--tasks", "pointmaze", "--presets", "wsrl,naive,scratch",
+                  "--out", str(tmp_path / "raw"), "--summary", str(tmp_path / "summary"), timeout=600)
+    table = (tmp_path / "summary" / "pointmaze" / "summary.md").read_text()
+    assert "| wsrl | pointmaze-umaze |" in table and "| scratch | pointmaze-umaze |" in table
+    naive = json.loads((tmp_path / "raw" / "pointmaze" / "naive_s0" / "summary.json").read_text())
+    wsrl = json.loads((tmp_path / "raw" / "pointmaze" / "wsrl_s0" / "summary.json").read_text())
+    assert naive["pretrained"] == str(tmp_path / "raw" / "pointmaze" / "wsrl_s0")  # no second pretraining
+    assert naive["offline_score"] == wsrl["offline_score"]
+
+
+@pytest.mark.slow
+def test_switch_ablation_quick(tmp_path, run_benchmark):
+    out = run_benchmark("switch_ablation.py", "--quick", "--out", str(tmp_path / "raw"), "--summary",
+                        str(tmp_path / "summary"), timeout=900).stdout
+    assert "| wsrl (faithful) | 1 |" in out and "| actor on mean of critics | 1 |" in out
+    rows = json.loads((tmp_path / "summary" / "quick.json").read_text())
+    assert {r["rc"] for r in rows} == {0} and len({r["offline_score"] for r in rows}) == 1  # one pretraining
 
 
 def test_training_episodes_reports_first_and_last_share(tmp_path, run_benchmark):

@@ -39,11 +39,11 @@ def count_updates(runner: Runner) -> list[int]:
     calls = [0, 0, 0]
     original = runner.agent.update
 
-    def counted(batch, utd=1):
+    def counted(batch, utd=1, **kwargs):
         calls[0] += 1
         calls[1] += utd
         calls[2] += len(batch["rewards"])
-        return original(batch, utd=utd)
+        return original(batch, utd=utd, **kwargs)
 
     runner.agent.update = counted
     return calls
@@ -175,3 +175,16 @@ def test_pretrain_once_fine_tune_many(dataset, tmp_path):
     from embodied.errors import CheckpointError
     with pytest.raises(CheckpointError, match="no saved pretraining"):
         Runner(small(pretrained=str(tmp_path / "nothing")), dataset, tmp_path / "d", CountingLogger()).run()
+
+
+def test_actor_delay_takes_critic_steps_only(dataset, tmp_path):
+    runner = Runner(small(warmup_steps=20, actor_delay_steps=15, utd=2), dataset, tmp_path, CountingLogger(),
+                    progress=False)
+    runner._run_offline()
+    runner._switch()
+    actor_steps = [0]
+    original = runner.agent.update_actor_and_alpha
+    runner.agent.update_actor_and_alpha = lambda b: (actor_steps.__setitem__(0, actor_steps[0] + 1), original(b))[1]
+    calls = count_updates(runner)
+    runner._run_online()
+    assert calls[1] == (60 - 20) * 2 and actor_steps[0] == 60 - 20 - 15
