@@ -139,7 +139,7 @@ def test_switch_temperature_knob(dataset, tmp_path, mode):
     runner._run_offline()
     pretrained = float(runner.offline_agent.log_alpha.detach().exp())
     runner._switch()
-    at_switch = float(runner.agent.log_alpha.exp())
+    at_switch = float(runner.agent.log_alpha.detach().exp())
     lr = runner.agent.alpha_optimizer.param_groups[0]["lr"]
     if mode == "reset":
         assert at_switch == pytest.approx(0.05)
