@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from embodied.agents.nets import adam, soft_update, split_batch, to_torch
+from embodied.agents.nets import adam, soft_update
 from embodied.agents.sac import SAC, SACConfig
 from embodied.errors import ConfigError
 from policies.gaussian import _gaussian_log_prob, _tanh_log_det
@@ -121,15 +121,7 @@ class CQL(SAC):
         next_obs = batch["next_observations"].expand(k, -1, -1).reshape(k * batch_size, -1)
         with self.autocast():
             next_q = self.target_critic(next_obs, next_actions.reshape(k * batch_size, -1)).float()
-        next_q = self.critic_subset_min(next_q.view(-1, k, batch_size))  # [k, B]
-        if self.cfg.max_target_backup:  # best of k next actions (CQL's max backup)
-            next_q, best = next_q.max(0)
-            next_log_prob = next_log_prob.gather(0, best[None])[0]
-        else:
-            next_q, next_log_prob = next_q[0], next_log_prob[0]
-        if self.cfg.backup_entropy:
-            next_q = next_q - self.log_alpha.exp() * next_log_prob
-        return batch["rewards"] + self.cfg.gamma * (1.0 - batch["terminals"]) * next_q
+        return self.bootstrap(batch, self.critic_subset_min(next_q.view(-1, k, batch_size)), next_log_prob)
 
     def conservative_critic_loss(self, batch: dict[str, torch.Tensor], samples: dict[str, torch.Tensor]):
         """TD loss over all critics + weighted penalty over all of them, or over the `num_min` critics drawn
@@ -185,15 +177,13 @@ class CQL(SAC):
             self.cql_alpha_optimizer.step()
         return metrics
 
-    def update(self, batch, utd: int = 1, actor: bool = True) -> dict[str, float]:
-        batch = to_torch(batch, self.device)
+    def critic_step(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return self.update_conservative_critic(batch)
+
+    def _check_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if self.cfg.calql and "mc_returns" not in batch:
             raise KeyError("Cal-QL needs batch['mc_returns']: load the replay with Monte-Carlo returns")
-        for minibatch in split_batch(batch, utd):
-            metrics = self.update_conservative_critic(minibatch)
-        if actor:
-            metrics.update(self.update_actor_and_alpha(batch))
-        return {k: float(v) for k, v in metrics.items()}
+        return batch
 
     def _optimizers(self) -> dict:
         optimizers = super()._optimizers()

@@ -461,23 +461,17 @@ class Runner:
 
     def save_checkpoint(self, total_step: int) -> Path:
         root = self.run_dir / "checkpoints"
-        final, tmp = root / f"step_{total_step:09d}", root / f".tmp_step_{total_step:09d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
         # after the switch the online agent owns the pretrained networks: they are saved once, under it
         tensors = {f"agent.{k}": v for k, v in self.agent.state_dict().items()}
         if self.pretrained_actor is not None:
             tensors.update({f"pretrained_actor.{k}": v.contiguous() for k, v in self.pretrained_actor.state_dict().items()})
         tensors["torch_rng"] = torch.get_rng_state()
-        save_file(tensors, str(tmp / "model.safetensors"))
-        np.savez(tmp / "replay_online.npz", **self.online_buffer.state_dict())
         state = dict(phase=self.phase, offline_step=self.offline_step, online_step=self.online_step,
                      episodes_done=self.episodes_done, end_of_offline=self.end_of_offline,
                      eval_history=self.eval_history, rng=self.rng.bit_generator.state, total_step=total_step,
                      config=asdict(self.cfg), saved_at=time.time())
-        (tmp / "state.json").write_text(json.dumps(state, default=float))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+        final = _write_folder(root / f"step_{total_step:09d}", tensors, state,
+                              replay_online=self.online_buffer.state_dict())
         for old in sorted(p for p in root.iterdir() if p.name.startswith("step_"))[: -self.cfg.keep_checkpoints]:
             shutil.rmtree(old, ignore_errors=True)
         return final
@@ -525,18 +519,10 @@ class Runner:
 
     def save_pretrained(self) -> Path:
         """checkpoints/pretrained/: the offline agent at the switch, with the config that made it."""
-        final = self.run_dir / "checkpoints" / PRETRAINED_DIR
-        tmp = final.with_name(f".tmp_{PRETRAINED_DIR}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        save_file(self.offline_agent.state_dict(), str(tmp / "model.safetensors"))
         state = dict(config=asdict(self.cfg), offline_step=self.offline_step,
                      dataset_size=None if self.dataset is None else len(self.dataset),
                      eval_history=[r for r in self.eval_history if r["phase"] == "offline"], saved_at=time.time())
-        (tmp / "state.json").write_text(json.dumps(state, default=float))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        return final
+        return _write_folder(self.run_dir / "checkpoints" / PRETRAINED_DIR, self.offline_agent.state_dict(), state)
 
     def load_pretrained(self, path: str | Path) -> None:
         """Skip the offline phase: restore a saved pretraining whose config matches this run's."""
@@ -595,6 +581,21 @@ class Runner:
 class _NullLogger:
     def log(self, *args, **kwargs) -> None:
         pass
+
+
+def _write_folder(final: Path, tensors: dict, state: dict, **arrays: dict) -> Path:
+    """model.safetensors + state.json (+ one .npz per `arrays` entry) written to a temporary sibling, then
+    renamed into place: a crash mid-write never leaves a half-written checkpoint under `final`."""
+    tmp = final.with_name(f".tmp_{final.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(tensors, str(tmp / "model.safetensors"))
+    for name, values in arrays.items():
+        np.savez(tmp / f"{name}.npz", **values)
+    (tmp / "state.json").write_text(json.dumps(state, default=float))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return final
 
 
 def _jsonable(value):

@@ -128,14 +128,19 @@ class SAC(TensorCheckpoint):
             repeated = next_obs.repeat(k, 1) if k > 1 else next_obs
             next_action, next_log_prob = self.actor.sample_with_log_prob(repeated)
             next_q = self.critic_subset_min(self.target_critic(repeated, next_action).float())
-            next_q, next_log_prob = next_q.view(k, -1), next_log_prob.float().view(k, -1)
-            if k > 1:  # max-target backup: the best of k next actions
-                next_q, best = next_q.max(0, keepdim=True)
-                next_log_prob = next_log_prob.gather(0, best)
-            next_q, next_log_prob = next_q[0], next_log_prob[0]
-            if self.cfg.backup_entropy:
-                next_q = next_q - self.log_alpha.exp() * next_log_prob
-            return batch["rewards"] + self.cfg.gamma * (1.0 - batch["terminals"]) * next_q
+        return self.bootstrap(batch, next_q.view(k, -1), next_log_prob.float().view(k, -1))
+
+    @torch.no_grad()
+    def bootstrap(self, batch: dict[str, torch.Tensor], next_q: torch.Tensor, next_log_prob: torch.Tensor) -> torch.Tensor:
+        """r + gamma (1 - terminal) V(s') from the subset-min Q of k next actions [k, B]: the best of them when
+        k > 1 (the max-target backup), minus the entropy term when `backup_entropy`."""
+        if next_q.shape[0] > 1:
+            next_q, best = next_q.max(0, keepdim=True)
+            next_log_prob = next_log_prob.gather(0, best)
+        next_q, next_log_prob = next_q[0], next_log_prob[0]
+        if self.cfg.backup_entropy:
+            next_q = next_q - self.log_alpha.exp() * next_log_prob
+        return batch["rewards"] + self.cfg.gamma * (1.0 - batch["terminals"]) * next_q
 
     def update_critic(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         target_q = self.td_target(batch)  # fp32: bf16 spacing at |Q| ~ 30 is 0.25, the size of the action gaps
@@ -172,12 +177,19 @@ class SAC(TensorCheckpoint):
         """`utd` critic steps on equal slices of the batch, then one actor and temperature step on all of it
         (RLPD's and WSRL's `update_high_utd`: UTD 4 with batch 1024 is 4 critic minibatches of 256).
         actor=False: critic steps only (the runner's actor delay after the switch)."""
-        batch = to_torch(batch, self.device)
+        batch = self._check_batch(to_torch(batch, self.device))
         for minibatch in split_batch(batch, utd):
-            metrics = self.update_critic(minibatch)
+            metrics = self.critic_step(minibatch)
         if actor:
             metrics.update(self.update_actor_and_alpha(batch))
         return {k: float(v) for k, v in metrics.items()}
+
+    def critic_step(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One critic update (CQL/Cal-QL swap in their conservative one)."""
+        return self.update_critic(batch)
+
+    def _check_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return batch
 
     def q_values(self, obs, action) -> np.ndarray:
         return mean_q(self.critic, obs, action, self.device)
