@@ -137,7 +137,8 @@ class Executor:
             except (BackendError, BackendUnsupported) as err:
                 res.failures["backend_error"] += 1
                 self.trace.write("backend_error", task=task_id, error=str(err))
-                if not self._replan(res):
+                # a missing server feature does not come back on a retry: stop instead of replanning
+                if isinstance(err, BackendUnsupported) or not self._replan(res):
                     break
                 feedback = "the language model did not answer"
                 continue

@@ -10,10 +10,13 @@ Every mode returns only members of `grounding.candidates()`, so nothing unground
 """
 from __future__ import annotations
 
+import inspect
+import math
 from dataclasses import dataclass
 
 from embodied.errors import UserError
 from planners import saycan
+from planners.backends.base import BackendError
 from planners import symbolic as sym
 from planners.backends.rule import RulePlanner
 from planners.base import PlanRefusal, PlanResult, SubGoal, World
@@ -23,23 +26,31 @@ from planners.skills import SkillLibrary
 MODES = ("generate", "saycan", "constrained")
 DONE = "done"
 
-EXAMPLE = """Objects: blue cube, green cube, drawer, drawer lock button, window, window lock button, back of the table.
-State: the drawer is closed; the drawer is locked; the window is open; the window is unlocked; the gripper is empty.
-Instruction: put the blue cube in the drawer
-Plan:
-1. press the drawer lock button
-2. open the drawer
-3. pick up the blue cube
-4. put the blue cube in the drawer
-5. done
+SYSTEM = "You control a robot arm. Plan the steps, one skill per line, then say done."
+# (objects, state, instruction, plan): the few-shot examples, written as one completion prompt (EXAMPLE)
+# for back ends that continue text and as chat turns (`chat_messages`) for chat-only servers
+EXAMPLES = (
+    ("blue cube, green cube, drawer, drawer lock button, window, window lock button, back of the table",
+     "the drawer is closed; the drawer is locked; the window is open; the window is unlocked; the gripper is empty.",
+     "put the blue cube in the drawer",
+     ("press the drawer lock button", "open the drawer", "pick up the blue cube", "put the blue cube in the drawer")),
+    ("blue cube, green cube, drawer, drawer lock button, window, window lock button, back of the table",
+     "the drawer is open; the drawer is unlocked; the window is open; the window is unlocked; the gripper is empty.",
+     "close the window",
+     ("close the window",)),
+)
 
-Objects: blue cube, green cube, drawer, drawer lock button, window, window lock button, back of the table.
-State: the drawer is open; the drawer is unlocked; the window is open; the window is unlocked; the gripper is empty.
-Instruction: close the window
-Plan:
-1. close the window
-2. done
-"""
+
+def _numbered(steps) -> str:
+    return "".join(f"{i}. {s}\n" for i, s in enumerate((*steps, DONE), 1))
+
+
+def _query(objects: str, state: str, instruction: str, feedback: str | None = None) -> str:
+    note = f"Note: the last attempt failed: {feedback}\n" if feedback else ""
+    return f"Objects: {objects}.\nState: {state}\n{note}Instruction: {instruction}\n"
+
+
+EXAMPLE = "\n".join(_query(o, s, i) + "Plan:\n" + _numbered(p) for o, s, i, p in EXAMPLES)
 
 
 def state_words(world: World, state: frozenset) -> str:
@@ -83,14 +94,25 @@ class LLMPlanner:
         self.grounder = grounder
         if self.config.mode == "generate" and self.grounder is None:
             self.grounder = TextGrounder(self.config.threshold)
+        # a back end that can only chat takes the request as chat turns too (HTTPBackend with api=chat)
+        self._pass_messages = "messages" in inspect.signature(backend.generate).parameters
+        need = {"saycan": "score", "constrained": "choose"}.get(self.config.mode)
+        if need and hasattr(backend, "require"):
+            backend.require(need)  # BackendUnsupported now, naming the servers that can, not mid-episode
 
     def context(self, instruction: str, world: World, state: frozenset, feedback: str | None) -> str:
         objects = ", ".join(o.name for o in world.objects)
-        text = (f"You control a robot arm. Plan the steps, one skill per line, then say done.\n\n{EXAMPLE}\n"
-                f"Objects: {objects}.\nState: {state_words(world, state)}\n")
-        if feedback:
-            text += f"Note: the last attempt failed: {feedback}\n"
-        return text + f"Instruction: {instruction}\nPlan:\n"
+        return f"{SYSTEM}\n\n{EXAMPLE}\n" + _query(objects, state_words(world, state), instruction, feedback) + "Plan:\n"
+
+    def chat_messages(self, instruction: str, world: World, state: frozenset, feedback: str | None) -> list[dict]:
+        """The same request as chat turns: the examples as user/assistant pairs, then the task."""
+        turns = [{"role": "system", "content": SYSTEM}]
+        for objects, example_state, example_instruction, steps in EXAMPLES:
+            turns.append({"role": "user", "content": _query(objects, example_state, example_instruction).rstrip()})
+            turns.append({"role": "assistant", "content": _numbered(steps).rstrip()})
+        objects = ", ".join(o.name for o in world.objects)
+        turns.append({"role": "user", "content": _query(objects, state_words(world, state), instruction, feedback).rstrip()})
+        return turns
 
     def plan(self, instruction: str, world: World, feedback: str | None = None) -> PlanResult:
         if self.screen:
@@ -103,20 +125,28 @@ class LLMPlanner:
         prompt = self.context(instruction, world, state, feedback)
         result = PlanResult([], prompt=prompt, candidates=[c.key for c in cands])
         if self.config.mode == "generate":
-            self._generate(prompt, cands, result)
+            messages = self.chat_messages(instruction, world, state, feedback) if self._pass_messages else None
+            self._generate(prompt, cands, result, messages)
         else:
             self._stepwise(prompt, world, state, result)
         return result
 
     # -- (a) free generation, then embedding grounding ------------------------------------------
-    def _generate(self, prompt: str, cands: list[SubGoal], result: PlanResult) -> None:
-        # a plain completion of the few-shot prompt: the model continues "1. ..." in the examples' format
+    def _generate(self, prompt: str, cands: list[SubGoal], result: PlanResult, messages=None) -> None:
+        # a plain completion of the few-shot prompt continues "1. ..." in the examples' format; a chat
+        # back end answers the same request written as turns, and its reply is the whole plan
+        extra = {"messages": messages} if messages is not None else {}
         out = self.backend.generate(prompt + "1.", max_new_tokens=self.config.max_new_tokens,
-                                    stop=("Instruction:", "Objects:", "\n\n", "done"))
-        out.text = "1." + out.text
+                                    stop=("Instruction:", "Objects:", "\n\n", "done"), **extra)
+        if not isinstance(out.text, str):
+            raise BackendError(f"back end {self.backend.name} returned plan text of type {type(out.text).__name__}, "
+                               "expected a string: fix the back end's generate()")
+        text = out.text if getattr(out, "chat", False) else "1." + out.text
+        if getattr(out, "chat", False) and messages:
+            result.prompt = "\n".join(f"[{m['role']}] {m['content']}" for m in messages)
         result.usage.add(out.usage)
-        result.raw_output = out.text
-        for step in split_steps(out.text, self.config.max_steps):
+        result.raw_output = text
+        for step in split_steps(text, self.config.max_steps):
             match = self.grounder.ground(step, cands)
             result.scores.append({"text": step, "nearest": match.nearest, "similarity": round(match.similarity, 4),
                                   "accepted": match.subgoal is not None})
@@ -125,7 +155,7 @@ class LLMPlanner:
             else:
                 result.subgoals.append(match.subgoal)
         if not result.subgoals:
-            result.refusal = "the model's plan matched no skill of this robot" if out.text.strip() else "empty plan"
+            result.refusal = "the model's plan matched no skill of this robot" if text.strip() else "empty plan"
 
     # -- (b) SayCan and (c) constrained decoding, one step at a time ----------------------------
     def _stepwise(self, prompt: str, world: World, state: frozenset, result: PlanResult) -> None:
@@ -137,12 +167,16 @@ class LLMPlanner:
             step_prompt = f"{prompt}{history}{step}."
             if self.config.mode == "saycan":
                 logliks, usage = self.backend.score(step_prompt, options)
+                _check_scores(self.backend.name, logliks, len(options))
                 values = [self.library.get(c.skill).affordance(world, c.args, state) for c in cands] + [1.0]
                 best, scores = saycan.select(logliks, values)
                 result.scores.append({texts[i]: {"loglik": round(logliks[i], 4), "value": values[i],
                                                  "score": round(scores[i], 4)} for i in range(len(texts))})
             else:
                 best, usage = self.backend.choose(step_prompt, options)
+                if isinstance(best, bool) or not isinstance(best, int) or not 0 <= best < len(options):
+                    raise BackendError(f"back end {self.backend.name} chose option {best!r} of {len(options)}: "
+                                       "choose() must return an index into the options")
                 result.scores.append({"chosen": texts[best]})
             result.usage.add(usage)
             history += f"{step}. {texts[best]}\n"
@@ -156,3 +190,14 @@ class LLMPlanner:
         result.raw_output = history
         if not result.subgoals:
             result.refusal = "the model chose to do nothing"
+
+
+def _check_scores(name: str, logliks, n: int) -> None:
+    """One finite-or--inf log-likelihood per option, or a BackendError (never a crash in SayCan's argmax)."""
+    if not isinstance(logliks, (list, tuple)) or len(logliks) != n:
+        got = len(logliks) if isinstance(logliks, (list, tuple)) else type(logliks).__name__
+        raise BackendError(f"back end {name} returned {got} scores for {n} options: score() must give one per option")
+    for x in logliks:
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or math.isnan(x) or x == math.inf:
+            raise BackendError(f"back end {name} returned the score {x!r}: score() must give log-likelihoods "
+                               "(numbers <= 0, or -inf)")

@@ -96,7 +96,7 @@ def load_dataset(env: str, quality: str, size: int, seed: int = 0, *, cache_dir=
     spec = sims.spec(env)
     path = dataset_path(env, quality, int(size), int(seed), cache_dir)
     if path.is_file():
-        ds = load_hdf5(path)
+        ds = load_hdf5(path, cached=True)
         if ds.metadata.get("generator_version") == GENERATOR_VERSION:
             ds.validate(spec.obs_dim, spec.act_dim, env=env)
             return ds

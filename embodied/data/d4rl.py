@@ -53,8 +53,13 @@ def save_hdf5(ds: Dataset, path, compression: str | None = "gzip", extras: dict 
     return path
 
 
-def load_hdf5(path) -> Dataset:
+def load_hdf5(path, *, cached: bool = False) -> Dataset:
     """Read a D4RL-layout file into a validated Dataset (float32 arrays, bool flags).
+
+    An OGBench `.npz` dataset file (a zip archive, told apart by its content) is read by
+    `embodied.data.ogbench_npz`, so `dataset.path` takes either. `cached=True` marks a file this project
+    wrote into its cache: an unreadable one is deleted and regenerated, while a user's own file is not
+    theirs to lose, so the advice differs. Errors name rows as they are in the file.
 
     When `next_observations` is absent it is derived from the next row of the same episode. The
     last step of an episode has no next row: after a terminal the next state is never used for
@@ -65,6 +70,10 @@ def load_hdf5(path) -> Dataset:
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"no dataset file at {path}: check the path or generate the dataset")
+    if path.suffix == ".npz" or (not h5py.is_hdf5(path) and _is_npz(path)):
+        from embodied.data.ogbench_npz import load_ogbench_npz
+
+        return load_ogbench_npz(path, cached=cached)
     try:
         with h5py.File(path, "r") as f:
             missing = [k for k in REQUIRED_KEYS if not isinstance(f.get(k), h5py.Dataset)]
@@ -76,7 +85,11 @@ def load_hdf5(path) -> Dataset:
             arrays = {k: f[k][()] for k in ARRAY_KEYS if isinstance(f.get(k), h5py.Dataset)}
             metadata = _read_metadata(f["metadata"]) if isinstance(f.get("metadata"), h5py.Group) else {}
     except OSError as err:
-        raise DatasetError(f"cannot read {path} as HDF5 ({err}): delete the file so it is regenerated") from None
+        if cached:
+            raise DatasetError(f"cannot read the cached dataset {path} ({err}): delete it and it is regenerated on "
+                               "the next run") from None
+        raise DatasetError(f"cannot read {path} as HDF5 ({err}): the file is damaged or not HDF5; export or "
+                           "download it again (D4RL layout: observations, actions, rewards, terminals, timeouts)") from None
     arrays = {key: _coerce(key, value) for key, value in arrays.items()}
     lengths = {key: len(value) for key, value in arrays.items()}
     if len(set(lengths.values())) > 1:  # checked before deriving anything from row order
@@ -84,12 +97,24 @@ def load_hdf5(path) -> Dataset:
         wrong = next(key for key, length in lengths.items() if length != n)
         raise DatasetError(f"'{wrong}' has {lengths[wrong]} rows but 'observations' has {n}: every D4RL key "
                            "needs one row per transition")
+    for key in FLOAT_KEYS:  # before timeout rows are dropped, so the row named is the file's
+        if key in arrays and len(arrays[key]):
+            finite = np.isfinite(arrays[key]).reshape(len(arrays[key]), -1).all(axis=1)
+            if not finite.all():
+                raise DatasetError(f"'{key}' has NaN/Inf at row {int(np.argmin(finite))} of {path.name}: drop or "
+                                   "repair those transitions")
     if "next_observations" not in arrays:
         arrays = _derive_next_observations(arrays)
         metadata["next_observations"] = "derived from the following row (see embodied.data.d4rl.load_hdf5)"
     ds = Dataset(**arrays, metadata=metadata)
     ds.validate()
     return ds
+
+
+def _is_npz(path: Path) -> bool:
+    from embodied.data.ogbench_npz import is_npz
+
+    return is_npz(path)
 
 
 def load_extras(path, keys=None) -> dict[str, np.ndarray]:

@@ -565,7 +565,7 @@ def load_or_generate(spec: GenSpec, *, cache_dir=None, progress: bool = True, pa
     spec = check_spec(spec)
     path = Path(path) if path is not None else cache_path(spec, cache_dir)
     if path.is_file():
-        ds = load_hdf5(path)
+        ds = load_hdf5(path, cached=True)
         if ds.metadata.get("generator_version") == GENERATOR_VERSION:
             return ds
     ds, extras = generate(spec, progress=progress)

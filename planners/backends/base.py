@@ -28,12 +28,15 @@ class BackendUnsupported(UserError):
 class Completion:
     text: str
     usage: LLMUsage
+    chat: bool = False  # True: a chat reply (the whole answer), not a continuation of the prompt
 
 
 class LLMBackend(Protocol):
     name: str
 
-    def generate(self, prompt: str, max_new_tokens: int = 64, stop: tuple[str, ...] = ()) -> Completion: ...
+    def generate(self, prompt: str, max_new_tokens: int = 64, stop: tuple[str, ...] = (),
+                 messages: list[dict] | None = None) -> Completion: ...
+    # `messages`: the same request as chat turns, for back ends that can only chat (optional to accept)
 
     def score(self, prompt: str, continuations: list[str]) -> tuple[list[float], LLMUsage]: ...
 

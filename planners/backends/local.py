@@ -8,6 +8,8 @@ candidate; constrained decoding walks a token trie of the options so only their 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -24,6 +26,7 @@ from planners.backends.base import Completion
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FOLDER = "smollm2-135m-instruct"
 _LOADED: dict[tuple[str, str], tuple] = {}
+_KEYS: dict[tuple, str] = {}
 
 
 def gguf_path() -> Path:
@@ -51,14 +54,30 @@ def _load_gguf():
     return model, tok
 
 
+def gguf_key(path: Path | None = None) -> str:
+    """Content key of the GGUF file (12 hex digits of its sha256; ~0.3 s, once per process): a
+    different wheel version gets its own converted folder instead of a stale one."""
+    path = path or gguf_path()
+    stat = path.stat()
+    memo = (str(path), stat.st_size, stat.st_mtime_ns)
+    if memo not in _KEYS:
+        digest = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+        _KEYS[memo] = digest.hexdigest()[:12]
+    return _KEYS[memo]
+
+
 def model_dir() -> Path:
-    """A normal model folder of the wheel's SmolLM2 under the cache dir, built on first use.
+    """A normal model folder of the wheel's SmolLM2 under the cache dir, keyed by the GGUF's content
+    and built on first use.
 
     transformers dequantises the GGUF on every load (~20 s) and `transformers serve` cannot read it at
     all (its config names no architecture), so it is converted once: set `config.architectures`, build
     a fresh model from the config, load the GGUF weights into it, save model and tokenizer (540 MB).
     """
-    target = cache_dir() / "models" / FOLDER
+    target = cache_dir() / "models" / f"{FOLDER}-{gguf_key()}"
     if (target / "config.json").exists() and any(target.glob("*.safetensors")):
         return target
     from transformers import AutoModelForCausalLM
@@ -73,9 +92,12 @@ def model_dir() -> Path:
     try:
         fresh.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)  # a half-written folder is never picked up
+        (tmp / "source.json").write_text(json.dumps({"gguf": str(gguf_path()), "sha256_12": gguf_key()}) + "\n")
+        try:
+            tmp.rename(target)  # a half-written folder is never picked up
+        except OSError:
+            if not (target / "config.json").exists():  # not another process finishing first
+                raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -121,7 +143,9 @@ class LocalBackend:
         return self.tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
 
     @torch.no_grad()
-    def generate(self, prompt: str, max_new_tokens: int = 64, stop: tuple[str, ...] = ()) -> Completion:
+    def generate(self, prompt: str, max_new_tokens: int = 64, stop: tuple[str, ...] = (),
+                 messages: list[dict] | None = None) -> Completion:
+        """Greedy continuation of `prompt`; `messages` (the chat form of the request) is not needed here."""
         t0 = time.perf_counter()
         ids = torch.tensor([self._ids(prompt)], device=self.device)
         extra = {"stop_strings": [x for x in stop if x], "tokenizer": self.tok} if any(stop) else {}

@@ -85,8 +85,31 @@ def test_missing_or_corrupt_file(tmp_path):
     with pytest.raises(DatasetError, match="no dataset file"):
         load_hdf5(tmp_path / "nope.hdf5")
     (tmp_path / "junk.hdf5").write_bytes(b"not hdf5 at all")
-    with pytest.raises(DatasetError, match="cannot read"):
+    with pytest.raises(DatasetError, match="cannot read") as err:
         load_hdf5(tmp_path / "junk.hdf5")
+    # a user's own file (dataset.path): never advise deleting it
+    assert "damaged or not HDF5" in str(err.value) and "delete" not in str(err.value)
+
+
+def test_an_unreadable_cache_file_is_advised_differently(tmp_path):
+    from embodied.data import catalog
+
+    path = catalog.dataset_path("pointmaze-umaze", "random", 12, 0, tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\x89HDF\r\n\x1a\n truncated")  # the HDF5 signature, then nothing usable
+    with pytest.raises(DatasetError, match="cannot read the cached dataset .*: delete it and it is regenerated"):
+        catalog.load_dataset("pointmaze-umaze", "random", 12, cache_dir=tmp_path, progress=False)
+
+
+def test_nan_is_reported_at_its_row_in_the_file(tmp_path):
+    """Timeout rows are dropped when next_observations are derived; the error still names the file's row."""
+    n = 20_000
+    obs = np.zeros((n, 2), np.float32)
+    obs[12345, 1] = np.nan
+    timeouts = (np.arange(n) % 100) == 99  # 123 timeout rows come before row 12345
+    write_d4rl_style(tmp_path / "nan.hdf5", obs, np.zeros(n, bool), timeouts, extra=False)
+    with pytest.raises(DatasetError, match=r"'observations' has NaN/Inf at row 12345 of nan\.hdf5"):
+        load_hdf5(tmp_path / "nan.hdf5")
 
 
 def test_mismatched_lengths_are_named_before_next_observations_are_derived(tmp_path):
