@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import time
+import traceback
 import warnings
 from pathlib import Path
 
@@ -16,7 +18,10 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from embodied.config_check import (check_config, compose_checked, expand_jobs, parse_overrides, read_saved_run,
+                                   resume_config)
 from embodied.errors import ConfigError, UserError, exit_on_user_error
+from embodied.summary import STATUS_FILE
 
 CONF_DIR = Path(__file__).parent / "conf"
 GROUPS = ("env", "dataset", "algo", "policy", "logger", "experiment")
@@ -139,22 +144,35 @@ def runner_config(cfg: DictConfig):
     )
 
 
-def run(cfg: DictConfig, run_dir: Path) -> dict:
-    """Run one experiment into `run_dir`; returns the summary dict (also written to summary.json)."""
-    from embodied.agents.runner import Runner
+def run(cfg: DictConfig, run_dir: Path, on_start=None) -> dict:
+    """Run one experiment into `run_dir`; returns the summary dict (also written to summary.json).
+
+    Every config value, and with resume=true every file of the checkpoint to continue from, is checked before
+    any work starts or anything in `run_dir` is written; `on_start()` is called once those checks passed."""
+    from embodied.agents.runner import Runner, check_checkpoint_config, find_checkpoints, read_checkpoint
     from embodied.logging import RunLogger
     from embodied.plots import learning_curve
 
-    torch.set_num_threads(cfg.threads)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={cfg.device} but no CUDA device is visible; use device=cpu")
+    check_config(cfg)
     rcfg = runner_config(cfg)
     rcfg.validate()
+    checkpoint = None
+    if cfg.resume and find_checkpoints(run_dir):
+        checkpoint = read_checkpoint(find_checkpoints(run_dir)[-1])
+        check_checkpoint_config(checkpoint, rcfg)
+    if on_start is not None:
+        on_start()
+    torch.set_num_threads(cfg.threads)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.resume and checkpoint is None and (run_dir / "metrics.jsonl").exists():
+        # killed before its first checkpoint: it starts over, and the earlier attempt's lines are kept aside
+        attempt = 1 + len(list(run_dir.glob("metrics.before-restart-*.jsonl")))
+        (run_dir / "metrics.jsonl").rename(run_dir / f"metrics.before-restart-{attempt}.jsonl")
     needs_data = bool(cfg.algo.offline_algo) or cfg.algo.offline_ratio > 0
     dataset = load_dataset(cfg) if needs_data else None
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    if not (cfg.resume and (run_dir / "config.yaml").exists()):  # a resumed run keeps the copy it started with
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     with RunLogger(run_dir, resolved, wandb_mode=cfg.logger.mode, project=cfg.logger.project,
                    group=cfg.logger.group, name=f"{cfg.env.name}-{cfg.algo.name}-s{cfg.seed}",
                    enabled_wandb=cfg.logger.wandb) as logger:
@@ -162,7 +180,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
         if rcfg.online_algo == "dppo":  # on-policy fine-tuning with vectorised envs: its own online loop
             from embodied.agents.dppo import DPPORunner as runner_cls
         runner = runner_cls(rcfg, dataset, run_dir, logger, progress=cfg.progress)
-        if cfg.resume and not runner.resume_latest():
+        if checkpoint is not None:
+            runner.resume_latest(checkpoint)
+        elif cfg.resume:
             print(f"resume=true but {run_dir}/checkpoints has no checkpoint: starting fresh", flush=True)
         summary = runner.run()
         summary.update(algo=cfg.algo.name, preset=cfg.algo.name, run_dir=str(run_dir))
@@ -196,21 +216,155 @@ def print_result(summary: dict) -> None:
     print(f"run directory: {summary['run_dir']}", flush=True)
 
 
+class JobStatus:
+    """<run_dir>/status.json: running, done or failed with its one-line error (a crash's traceback goes to
+    error.txt), so `embodied.summary` and the sweep's exit status can name every job that did not finish."""
+
+    def __init__(self, run_dir: Path, job_num: int | None, overrides: list[str]):
+        self.path, self.run_dir = run_dir / STATUS_FILE, run_dir
+        self.record = {"job_num": job_num, "overrides": overrides, "started_at": time.time()}
+
+    def write(self, status: str, **fields) -> None:
+        from embodied.logging import write_json_atomic
+
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.record.update(status=status, updated_at=time.time(), **fields)
+        write_json_atomic(self.path, self.record)
+
+
+def _save_job_files(run_dir: Path, cfg: DictConfig, overrides: list[str]) -> None:
+    """What Hydra writes to .hydra/ at a job's start; done here for a new job of a resumed sweep, where
+    hydra.output_subdir=null keeps Hydra from rewriting the existing jobs' files."""
+    hydra_dir = run_dir / ".hydra"
+    hydra_dir.mkdir(parents=True, exist_ok=True)
+    (hydra_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    (hydra_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(overrides)))
+
+
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> None:
+def _hydra_main(cfg: DictConfig) -> dict:
+    """One job. In a sweep (-m) a job that fails returns its error instead of exiting, so the other jobs run
+    (and Ray sees no crashed worker to retry); main() turns the failures into the sweep's exit status."""
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    config = HydraConfig.get()
+    run_dir = Path(config.runtime.output_dir)
+    multirun = config.mode == RunMode.MULTIRUN
+    overrides = list(config.overrides.task)
+    status = JobStatus(run_dir, config.job.num if multirun else None, overrides)
+    resuming, started = cfg.resume is True, False
+
+    def on_start() -> None:
+        nonlocal started
+        started = True
+        status.write("running")
 
     try:
-        run(cfg, Path(HydraConfig.get().runtime.output_dir))
+        if resuming and _finished(run_dir):
+            print(f"resume=true: {run_dir} already finished (status.json: done); nothing to do", flush=True)
+            return {"status": "done", "run_dir": str(run_dir)}
+        if resuming and (run_dir / ".hydra" / "config.yaml").is_file():
+            cfg = resume_config(run_dir, overrides, lambda o: hydra.compose(config_name="train", overrides=o))
+        elif resuming and multirun:  # a job of the resumed sweep that never started: it starts now
+            _save_job_files(run_dir, cfg, overrides)
+        elif resuming:
+            read_saved_run(run_dir)  # raises: nothing to resume
+        summary = run(cfg, run_dir, on_start=on_start)
+        status.write("done", final_score=summary.get("final_score"))
+        return {"status": "done", "run_dir": str(run_dir)}
     except UserError as err:
+        if started or not resuming:  # a refused resume leaves the run's files as they were
+            status.write("failed", error=str(err), kind="user_error")
         print(f"error: {err}", file=sys.stderr, flush=True)
+        if multirun:
+            return {"status": "failed", "run_dir": str(run_dir), "error": str(err)}
         raise SystemExit(2) from None
+    except Exception as err:  # noqa: BLE001 - a bug: recorded with its traceback; fails the job, not the sweep
+        line = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+        if started or not resuming:
+            status.write("failed", error=line, kind="crash")
+            (run_dir / "error.txt").write_text(traceback.format_exc())
+        if not multirun:
+            raise
+        traceback.print_exc()
+        return {"status": "failed", "run_dir": str(run_dir), "error": line}
+
+
+def _finished(run_dir: Path) -> bool:
+    from embodied.logging import SUMMARY_FILE
+    from embodied.summary import _status
+
+    return _status(run_dir) == "done" and (run_dir / SUMMARY_FILE).exists()
+
+
+def _hydra_flags(args: list[str]) -> tuple[list[str], list[str]]:
+    flags = [a for a in args if a.startswith("-")]
+    return flags, [a for a in args if not a.startswith("-")]
+
+
+def prepare_cli(args: list[str]) -> list[str]:
+    """Check the command line before Hydra starts a job (no run dir exists yet) and return the arguments for
+    Hydra: a single run's config is composed and every value checked; a sweep's jobs are composed (a typo in a
+    key fails the sweep at once); `resume=true` continues the run with its saved config and keeps Hydra from
+    rewriting the run's .hydra/ files."""
+    from hydra import compose, initialize_config_dir
+
+    check_group_overrides(args)
+    flags, overrides = _hydra_flags(args)
+    if any(f not in ("-m", "--multirun") for f in flags):  # --cfg, --help, ...: Hydra's own modes
+        return args
+    multirun = bool(flags) or any(o.replace(" ", "") == "hydra.mode=MULTIRUN" for o in overrides)
+    parsed = parse_overrides(overrides)
+    resume = any(o.key_or_group == "resume" and o.value() is True for o in parsed)
+    run_dir = next((o.value() for o in parsed if o.key_or_group == "hydra.run.dir"), None)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
+        compose_fn = lambda o: compose(config_name="train", overrides=o)
+        if multirun:
+            for job in expand_jobs(overrides):
+                compose_checked(compose_fn, job)
+        elif resume:
+            if run_dir is None:
+                raise ConfigError("resume=true needs the run to continue: add hydra.run.dir=<its run directory>")
+            check_config(resume_config(Path(run_dir), overrides, compose_fn))
+            saved = read_saved_run(Path(run_dir))[1]
+            given = [o for o in overrides if not o.partition("=")[0].lstrip("+~").startswith("hydra")
+                     and o.partition("=")[0] != "resume"]
+            hydra_args = [o for o in overrides if o.partition("=")[0].lstrip("+~").startswith("hydra")]
+            overrides = [*saved, *given, "resume=true", *hydra_args]
+        else:
+            check_config(compose_checked(compose_fn, overrides))
+    if resume:
+        overrides = [o for o in overrides if not o.startswith("hydra.output_subdir=")] + ["hydra.output_subdir=null"]
+    return [*flags, *overrides]
+
+
+def report_sweep(sweep_dir: Path) -> int:
+    """Print each job that did not finish with its error line; the exit status: 1 when any did not."""
+    from embodied.summary import sweep_jobs, varying_keys
+
+    jobs = sweep_jobs(sweep_dir)
+    varying = varying_keys(jobs)
+    bad = [job for job in jobs if job.status != "done"]
+    print(f"sweep {sweep_dir}: {len(jobs)} jobs, {len(jobs) - len(bad)} done, "
+          f"{sum(job.status == 'failed' for job in bad)} failed, "
+          f"{sum(job.status != 'failed' for job in bad)} not finished", file=sys.stderr, flush=True)
+    for job in bad:
+        print(f"  {job.status}: {job.describe(varying)}", file=sys.stderr, flush=True)
+    return 1 if bad else 0
 
 
 @exit_on_user_error
 def main() -> None:
-    check_group_overrides(sys.argv[1:])
+    from embodied import summary
+
+    sys.argv = [sys.argv[0], *prepare_cli(sys.argv[1:])]
+    summary.LAST_SWEEP_DIR = None
     _hydra_main()
+    if summary.LAST_SWEEP_DIR is not None:
+        code = report_sweep(summary.LAST_SWEEP_DIR)
+        if code:
+            raise SystemExit(code)
 
 
 if __name__ == "__main__":

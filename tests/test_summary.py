@@ -78,8 +78,8 @@ def test_cli_writes_table_csv_and_plots(sweep, tmp_path, capsys):
     out = tmp_path / "report"
     main([str(sweep), "--out", str(out)])
     printed = capsys.readouterr().out
-    assert "| method | task | seeds | episodes/eval | offline → online |" in printed
-    assert "| wsrl | hopper | 3 | 20 | 42.5 [" in printed
+    assert "| method | task | score | seeds | episodes/eval | offline → online |" in printed
+    assert "| wsrl | hopper | ? | 3 | 20 | 42.5 [" in printed
     assert "10 (<20)" in printed  # the maze run used too few eval episodes
     assert (out / "summary.md").read_text().count("\n| ") == 5  # header + 4 rows
     with open(out / "summary.csv") as handle:
@@ -131,3 +131,106 @@ def test_mean_band_covers_runs_and_tolerates_short_runs(tmp_path):
     assert list(xs) == [0, 10, 20]
     assert mean[-1] == pytest.approx(21.0)  # the short run does not reach step 20
     assert np.all(low <= mean) and np.all(mean <= high)
+
+
+# -- failed, unfinished and never-started jobs; distinct seeds; approximate scores; the switch ---------------
+
+def write_status(job_dir, status, num, overrides, error=None):
+    job_dir.mkdir(parents=True, exist_ok=True)
+    record = {"status": status, "job_num": num, "overrides": overrides}
+    if error:
+        record["error"] = error
+    (job_dir / "status.json").write_text(json.dumps(record))
+
+
+def test_failed_unfinished_and_missing_jobs_are_listed_and_fail_the_exit_status(tmp_path, capsys):
+    root = tmp_path / "sweep"
+    jobs = [[f"algo.utd={utd}", "seed=0"] for utd in (1, 2, 0, 3)]
+    (root).mkdir()
+    (root / "jobs.json").write_text(json.dumps({"jobs": [{"num": i, "overrides": o} for i, o in enumerate(jobs)]}))
+    write_run(root / "0_a", "hopper", 0, 80.0, algo="sac", overrides=["algo.utd=1"])
+    write_status(root / "0_a", "done", 0, jobs[0])
+    write_run(root / "1_b", "hopper", 0, 70.0, algo="sac", overrides=["algo.utd=2"])
+    write_status(root / "1_b", "running", 1, jobs[1])
+    (root / "1_b" / "summary.json").unlink()  # killed before it finished
+    write_status(root / "2_c", "failed", 2, jobs[2], error="algo.utd=0 must be an integer >= 1; set algo.utd=1")
+    # job 3 never started: only jobs.json knows it
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(root)])
+    assert exit_info.value.code == 1
+    captured = capsys.readouterr()
+    assert "## Jobs that did not finish: 3 of 4" in captured.out
+    assert "| 2_c | algo.utd=0 | failed | algo.utd=0 must be an integer >= 1; set algo.utd=1 |" in captured.out
+    assert "| 1_b | algo.utd=2 | not finished (killed, or still running) |" in captured.out
+    assert "| 3 (no run dir) | algo.utd=3 | never started |" in captured.out
+    assert "| sac | hopper |" in captured.out  # the finished job is still summarised
+    assert "3 of 4 jobs did not finish" in captured.err
+    assert "Jobs that did not finish" in (root / "summary.md").read_text()
+
+
+def test_a_sweep_where_every_job_failed_lists_them_without_a_table(tmp_path, capsys):
+    root = tmp_path / "sweep"
+    write_status(root / "0_a", "failed", 0, ["dataset.path=/x.hdf5"], error="dataset.path=/x.hdf5 does not exist")
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(root)])
+    assert exit_info.value.code == 1
+    assert "dataset.path=/x.hdf5 does not exist" in capsys.readouterr().out
+
+
+def test_seeds_are_counted_once_and_repeats_are_marked(tmp_path, capsys):
+    root = tmp_path / "sweep"
+    for job, seed in enumerate([0, 0, 1]):
+        write_run(root / str(job), "hopper", seed, 80.0 + job, algo="sac")
+    row = summarize(root)[0]
+    assert (row["seeds"], row["runs"]) == (2, 3)
+    main([str(root)])
+    printed = capsys.readouterr().out
+    assert "| sac | hopper | ? | 2 (3 runs) |" in printed and "repeat a seed" in printed
+
+
+def test_approximate_scores_are_marked(tmp_path, capsys):
+    root = tmp_path / "sweep"
+    write_run(root / "0", "hopper", 0, 80.0, algo="sac")
+    write_run(root / "1", "pointmaze-umaze", 0, 50.0, algo="sac")
+    for job, approx in (("0", True), ("1", False)):
+        path = root / job / "summary.json"
+        summary = json.loads(path.read_text())
+        summary.update(score_kind="d4rl_normalized", approximate_normalization=approx)
+        path.write_text(json.dumps(summary))
+    main([str(root)])
+    printed = capsys.readouterr().out
+    assert "| sac | hopper | normalised ≈ |" in printed and "| sac | pointmaze-umaze | normalised |" in printed
+    assert "≈: D4RL-normalised on gymnasium v5 physics" in printed
+
+
+def test_each_methods_switch_is_marked_in_the_curves(tmp_path):
+    """Methods that switch at different steps each get their dashed line (the shared-switch-only plot drew none)."""
+    from matplotlib.figure import Figure
+
+    from embodied.summary import draw_task_curves, summarize_runs, find_runs
+
+    root = tmp_path / "sweep"
+    write_run(root / "0", "hopper", 0, 80.0, preset="wsrl", algo="cql")
+    late = write_run(root / "1", "hopper", 0, 60.0, preset="calql", algo="cql")
+    for line in late:  # this method pretrains 500 steps longer
+        if line["kind"] == "switch" or line["phase"] == "online":
+            line["total_step"] += 500
+    (root / "1" / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in late))
+    rows = {row["method"]: row for row in summarize_runs(find_runs(root)[0])}
+    assert rows["wsrl"]["switch_steps"] == [OFFLINE_STEPS] and rows["calql"]["switch_steps"] == [OFFLINE_STEPS + 500]
+    ax = Figure().add_subplot()
+    runs = {m: [[json.loads(x) for x in (root / d / "metrics.jsonl").read_text().splitlines()]]
+            for m, d in (("wsrl", "0"), ("calql", "1"))}
+    drawn = draw_task_curves(ax, runs, {m: rows[m]["switch_steps"] for m in rows}, {"wsrl": "C0", "calql": "C1"})
+    assert drawn == [OFFLINE_STEPS, OFFLINE_STEPS + 500]
+    vertical = sorted(line.get_xdata()[0] for line in ax.lines if len(set(line.get_xdata())) == 1)
+    assert vertical == [OFFLINE_STEPS, OFFLINE_STEPS + 500]
+    assert any("calql" in text.get_text() for text in ax.texts)
+
+
+def test_a_run_without_pretraining_has_no_switch(tmp_path):
+    root = tmp_path / "sweep"
+    write_run(root / "0", "hopper", 0, 80.0, algo="sac")
+    path = root / "0" / "summary.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "offline_algo": None}))
+    assert summarize(root)[0]["switch_steps"] == []

@@ -128,7 +128,10 @@ def test_bad_dataset_is_one_line_error(defect, tmp_path):
 
 
 def test_cli_main_job_and_kill_resume(tmp_path, cache_dir):
-    """Run the CLI with checkpoints, kill it hard mid-run, resume it, and finish with one clean history."""
+    """Run the CLI with non-default overrides and checkpoints, kill it hard mid-online, resume it with the README's
+    command alone (the run's saved config, not the defaults: smoke's [64, 64] networks against the default
+    [256, 256]), and finish with one clean history. Then: an override that would change the run, and a truncated
+    replay file, are refused with one line and leave every file of the run as it was."""
     import os
     import signal
     import time
@@ -151,26 +154,78 @@ def test_cli_main_job_and_kill_resume(tmp_path, cache_dir):
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert not (run_dir / "summary.json").exists()
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "running"
+    started = {name: (run_dir / name).read_bytes()
+               for name in ("config.yaml", ".hydra/config.yaml", ".hydra/overrides.yaml", ".hydra/hydra.yaml")}
 
-    result = subprocess.run([sys.executable, "-m", "embodied.train", *args, "resume=true"], cwd=tmp_path, env=env,
+    resume = ["resume=true", f"hydra.run.dir={run_dir}"]
+    result = subprocess.run([sys.executable, "-m", "embodied.train", *resume], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "resumed from" in result.stdout
+    assert "resumed from" in result.stdout and "phase online" in result.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["online_steps"] == 600
+    assert summary["online_steps"] == 600 and summary["offline_steps"] == 200
+    assert json.loads((run_dir / "policy" / "config.json").read_text())["config"]["hidden"] == [64, 64]
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "done"
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [(line["phase"], line["step"]) for line in lines if line["kind"] == "eval"]
     assert len(evals) == len(set(evals)), "resume duplicated eval records"
     assert ("online", 600) in evals and ("offline", 200) in evals
+    assert {name: (run_dir / name).read_bytes() for name in started} == started  # the run's config files as they were
 
-    # a corrupt checkpoint is refused with one line, not a traceback
+    def refused(*extra: str) -> str:
+        before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+        result = subprocess.run([sys.executable, "-m", "embodied.train", *resume, *extra], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 2, result.stderr[-2000:]
+        error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert len(error) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+        after = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != "train.log"}
+        assert after == {p: v for p, v in before.items() if p.name != "train.log"}, "a refused resume wrote files"
+        return error[0]
+
+    (run_dir / "status.json").write_text(json.dumps({"status": "running"}))  # as if killed again: resume must act
+    assert "algo.utd=2 changes it (algo.utd: run 1, given 2)" in refused("algo.utd=2")
+    # a truncated replay archive is refused with one line, not a BadZipFile traceback
     latest = sorted(checkpoints.glob("step_*"))[-1]
+    replay = latest / "replay_online.npz"
+    replay.write_bytes(replay.read_bytes()[:2000])
+    error = refused()
+    assert "replay_online.npz is corrupt or truncated (BadZipFile" in error and "to resume from step_" in error
     (latest / "model.safetensors").write_bytes(b"not a safetensors file")
-    result = subprocess.run([sys.executable, "-m", "embodied.train", *args, "resume=true"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 2
-    error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(error) == 1 and "corrupt" in error[0] and "Traceback" not in result.stderr
+    assert "model.safetensors is corrupt" in refused()
+
+
+def test_resume_of_a_finished_run_changes_nothing(tmp_path, cache_dir):
+    run_dir = tmp_path / "run"
+    assert cli("experiment=smoke", "algo=scratch", f"hydra.run.dir={run_dir}", cwd=tmp_path).returncode == 0
+    before = (run_dir / "metrics.jsonl").read_bytes()
+    result = cli("resume=true", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert result.returncode == 0 and "already finished" in result.stdout
+    assert (run_dir / "metrics.jsonl").read_bytes() == before
+
+
+FAILING_SWEEP = ["experiment=smoke", "algo=scratch", "algo.utd=1,2,0"]  # job 2 has a bad value
+
+
+def check_failing_sweep(result: subprocess.CompletedProcess, sweep: Path) -> None:
+    """Two jobs finished, the bad one failed alone with its error recorded, the sweep's rc says so, the summary
+    lists it."""
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "WorkerCrashedError" not in result.stderr, result.stderr[-3000:]
+    assert "3 jobs, 2 done, 1 failed" in result.stderr
+    summaries = sorted(json.loads(p.read_text())["final_score"] is not None for p in sweep.rglob("summary.json"))
+    assert summaries == [True, True]
+    statuses = {json.loads(p.read_text())["job_num"]: json.loads(p.read_text()) for p in sweep.rglob("status.json")}
+    assert {k: v["status"] for k, v in statuses.items()} == {0: "done", 1: "done", 2: "failed"}
+    assert statuses[2]["error"].startswith("algo.utd=0 must be an integer >= 1")
+    assert "failed: 2_pointmaze-umaze_scratch_s0 [algo.utd=0]: algo.utd=0 must be an integer >= 1" in result.stderr
+    summary = subprocess.run([sys.executable, "-m", "embodied.summary", str(sweep)], capture_output=True, text=True,
+                             timeout=120)
+    assert summary.returncode == 1, summary.stderr
+    assert "## Jobs that did not finish: 1 of 3" in summary.stdout
+    assert "| algo.utd=0 | failed | algo.utd=0 must be an integer >= 1; set algo.utd=1 |" in summary.stdout
+    assert "scratch [algo.utd=1]" in summary.stdout and "scratch [algo.utd=2]" in summary.stdout
 
 
 def test_multirun_sweep_and_summary(tmp_path, cache_dir):
@@ -184,17 +239,51 @@ def test_multirun_sweep_and_summary(tmp_path, cache_dir):
     assert summary.returncode == 0, summary.stderr
     assert "naive" in summary.stdout and "scratch" in summary.stdout
     assert (sweep / "summary.md").exists() and (sweep / "summary.csv").exists()
+    assert "| naive | pointmaze-umaze | normalised | 2 |" in summary.stdout  # seeds 0 and 1
+
+
+def test_a_failing_job_fails_alone_with_the_basic_launcher(tmp_path, cache_dir):
+    sweep = tmp_path / "sweep"
+    result = cli("-m", *FAILING_SWEEP, f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=600)
+    check_failing_sweep(result, sweep)
+
+
+def test_a_typo_in_a_sweep_key_stops_it_before_any_job(tmp_path):
+    result = cli("-m", "experiment=smoke", "algo=naive,scratch", "algo.utdd=4", f"hydra.sweep.dir={tmp_path / 's'}",
+                 cwd=tmp_path)
+    assert result.returncode == 2 and "did you mean algo.utd?" in result.stderr and not (tmp_path / "s").exists()
+
+
+def test_resumed_sweep_skips_finished_jobs_and_runs_the_rest(tmp_path, cache_dir):
+    """Re-running a sweep's command with resume=true: a finished job is left as it was, a job that never started
+    runs now (and gets the .hydra/ files Hydra, told not to touch the existing jobs' ones, did not write)."""
+    import shutil
+
+    sweep = tmp_path / "sweep"
+    command = ["-m", "experiment=smoke", "algo=scratch", "seed=0,1", f"hydra.sweep.dir={sweep}"]
+    assert cli(*command, cwd=tmp_path, timeout=600).returncode == 0
+    first, second = sorted(p for p in sweep.iterdir() if p.is_dir())
+    kept = {p: p.read_bytes() for p in first.rglob("*") if p.is_file()}
+    shutil.rmtree(second)
+    result = cli(*command, "resume=true", cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "already finished" in result.stdout
+    assert {p: p.read_bytes() for p in first.rglob("*") if p.is_file()} == kept
+    assert json.loads((second / "status.json").read_text())["status"] == "done"
+    assert "seed=1" in (second / ".hydra" / "overrides.yaml").read_text()
+    assert "seed: 1" in (second / ".hydra" / "config.yaml").read_text()
 
 
 def test_multirun_on_a_local_ray_instance(tmp_path, cache_dir):
-    """The path to a cluster: the same sweep through hydra-ray-launcher on a Ray instance it starts."""
+    """The path to a cluster: the same failing sweep through hydra-ray-launcher on a Ray instance it starts. The bad
+    job returns its error instead of exiting, so Ray has no crashed worker to retry (it retried 3 times, then
+    ended the sweep with a WorkerCrashedError traceback)."""
     pytest.importorskip("hydra_plugins.hydra_ray_launcher")
     sweep = tmp_path / "sweep"
-    result = cli("-m", "hydra/launcher=ray_local", "hydra.launcher.ray.init.num_cpus=2",
-                 "experiment=smoke", "algo=scratch", "seed=0,1", f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    summaries = [json.loads(p.read_text()) for p in sweep.rglob("summary.json")]
-    assert sorted(s["seed"] for s in summaries) == [0, 1]
+    result = cli("-m", "hydra/launcher=ray_local", "hydra.launcher.ray.init.num_cpus=2", *FAILING_SWEEP,
+                 f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=600)
+    check_failing_sweep(result, sweep)
+    assert result.stderr.count("error: algo.utd=0") + result.stdout.count("error: algo.utd=0") <= 1  # not retried
 
 
 def test_bf16_setting():

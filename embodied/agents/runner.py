@@ -476,15 +476,11 @@ class Runner:
             shutil.rmtree(old, ignore_errors=True)
         return final
 
-    def load_checkpoint(self, path: Path) -> None:
-        try:
-            state = json.loads((path / "state.json").read_text())
-            tensors = load_file(str(path / "model.safetensors"))
-            with np.load(path / "replay_online.npz", allow_pickle=False) as replay:
-                replay_state = {k: replay[k] for k in replay.files}
-        except (OSError, ValueError, KeyError, SafetensorError) as err:
-            raise CheckpointError(f"checkpoint {path} is corrupt or incomplete ({type(err).__name__}: {err}); "
-                                  f"delete it to resume from an earlier one, or start without resume=true") from None
+    def load_checkpoint(self, path: Path | Checkpoint) -> None:
+        """Restore a checkpoint folder (or one `read_checkpoint` already validated) into this runner."""
+        ckpt = path if isinstance(path, Checkpoint) else read_checkpoint(path)
+        check_checkpoint_config(ckpt, self.cfg)
+        state, tensors = ckpt.state, ckpt.tensors
         self.phase, self.offline_step, self.online_step = state["phase"], state["offline_step"], state["online_step"]
         self.episodes_done, self.end_of_offline = state["episodes_done"], state["end_of_offline"]
         self.eval_history, self.rng.bit_generator.state = state["eval_history"], state["rng"]
@@ -494,10 +490,18 @@ class Runner:
                     self.learning_start() + self.cfg.switch_temperature_steps):
                 self._set_alpha_lr(self.agent.cfg.alpha_lr)
         split = lambda prefix: {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-        self.agent.load_state_dict(split("agent."))
-        if self.pretrained_actor is not None and split("pretrained_actor."):
-            self.pretrained_actor.load_state_dict(split("pretrained_actor."))
-        self.online_buffer.load_state_dict(replay_state)
+        try:
+            self.agent.load_state_dict(split("agent."))
+            if self.pretrained_actor is not None and split("pretrained_actor."):
+                self.pretrained_actor.load_state_dict(split("pretrained_actor."))
+        except (RuntimeError, KeyError, ValueError) as err:
+            raise CheckpointError(f"checkpoint {ckpt.path / 'model.safetensors'} does not fit this run's networks "
+                                  f"({_first_line(err)}); resume with the config the run was started with") from None
+        try:
+            self.online_buffer.load_state_dict(ckpt.replay)
+        except (KeyError, ValueError, TypeError) as err:
+            raise CheckpointError(f"checkpoint {ckpt.path / 'replay_online.npz'} does not hold a replay buffer "
+                                  f"({type(err).__name__}: {_first_line(err)}); {_fallback(ckpt.path)}") from None
         self.online_buffer.cut_open_episode()  # the env restarts a fresh episode after a resume
         torch.set_rng_state(tensors["torch_rng"])
 
@@ -565,17 +569,112 @@ class Runner:
               f"score {self.eval_history[-1]['eval/score']:.1f})" if self.eval_history else f"pretrained: {folder}",
               flush=True)
 
-    def resume_latest(self) -> bool:
-        root = self.run_dir / "checkpoints"
-        found = sorted(p for p in root.glob("step_*") if p.is_dir()) if root.is_dir() else []
-        if not found:
-            return False
-        self.load_checkpoint(found[-1])
+    def resume_latest(self, checkpoint: Checkpoint | None = None) -> bool:
+        """Continue from `checkpoint` (already read) or the newest one in the run dir; False when none exists."""
+        if checkpoint is None:
+            found = find_checkpoints(self.run_dir)
+            if not found:
+                return False
+            checkpoint = read_checkpoint(found[-1])
+        self.load_checkpoint(checkpoint)
         total = self.offline_step + self.online_step
         self.logger.truncate_after(total)
-        print(f"resumed from {found[-1]} (phase {self.phase}, offline step {self.offline_step}, "
+        print(f"resumed from {checkpoint.path} (phase {self.phase}, offline step {self.offline_step}, "
               f"online step {self.online_step})", flush=True)
         return True
+
+
+# -- checkpoint files -----------------------------------------------------------------------------------
+# A step checkpoint is a folder checkpoints/step_<k>/ holding these files, all written by _write_folder.
+CHECKPOINT_FILES = ("state.json", "model.safetensors", "replay_online.npz")
+CHECKPOINT_STATE_KEYS = ("phase", "offline_step", "online_step", "episodes_done", "end_of_offline",
+                         "eval_history", "rng", "config")
+
+
+@dataclass
+class Checkpoint:
+    """The validated contents of one step checkpoint, read once before a resume touches anything."""
+    path: Path
+    state: dict
+    tensors: dict
+    replay: dict
+
+
+def find_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Step checkpoint folders of a run, oldest first (half-written `.tmp_*` folders are not checkpoints)."""
+    root = Path(run_dir) / "checkpoints"
+    return sorted(p for p in root.glob("step_*") if p.is_dir()) if root.is_dir() else []
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _fallback(path: Path) -> str:
+    """The fix for a bad checkpoint: move it aside (never delete: it is the user's data) and name what is left."""
+    earlier = [p for p in find_checkpoints(path.parent.parent) if p.name < path.name]
+    then = f"to resume from {earlier[-1].name}" if earlier else "and resume=true starts the run over"
+    return f"move {path} out of checkpoints/ {then}"
+
+
+def read_checkpoint(path: str | Path) -> Checkpoint:
+    """Read and check every file of a step checkpoint; any defect is a one-line CheckpointError naming the file.
+
+    The replay archive is read in full, so a truncated or bit-flipped .npz fails here (zip CRC), not mid-resume."""
+    import zipfile
+    import zlib
+
+    path = Path(path)
+    for name in CHECKPOINT_FILES:
+        if not (path / name).is_file():
+            raise CheckpointError(f"checkpoint {path} has no {name} (it is incomplete); {_fallback(path)}")
+
+    def corrupt(name: str, err: BaseException) -> CheckpointError:
+        return CheckpointError(f"checkpoint file {path / name} is corrupt or truncated "
+                               f"({type(err).__name__}: {_first_line(err)}); {_fallback(path)}")
+
+    try:
+        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise corrupt("state.json", err) from None
+    missing = [key for key in CHECKPOINT_STATE_KEYS if not isinstance(state, dict) or key not in state]
+    if missing:
+        raise corrupt("state.json", KeyError(f"missing {', '.join(missing)}"))
+    if state["phase"] not in ("offline", "online"):
+        raise corrupt("state.json", ValueError(f"phase={state['phase']!r}"))
+    try:
+        tensors = load_file(str(path / "model.safetensors"))
+    except (OSError, ValueError, SafetensorError) as err:
+        raise corrupt("model.safetensors", err) from None
+    if "torch_rng" not in tensors:
+        raise corrupt("model.safetensors", KeyError("no torch_rng tensor"))
+    try:
+        with np.load(path / "replay_online.npz", allow_pickle=False) as archive:
+            replay = {key: archive[key] for key in archive.files}
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as err:
+        raise corrupt("replay_online.npz", err) from None
+    return Checkpoint(path, state, tensors, replay)
+
+
+def check_checkpoint_config(ckpt: Checkpoint, cfg: RunnerConfig) -> None:
+    """A checkpoint resumes only the run that wrote it: a differing setting is named, not left to surface as a
+    tensor size mismatch. Keys this code added since the checkpoint was written are not compared."""
+    saved, mine = ckpt.state["config"], _jsonable(asdict(cfg))
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"checkpoint file {ckpt.path / 'state.json'} has no run config; {_fallback(ckpt.path)}")
+    differ = []
+    for key in sorted(set(saved) & set(mine)):
+        theirs, ours = saved[key], mine[key]
+        if isinstance(theirs, dict) and isinstance(ours, dict):
+            differ += [f"{key}.{k} (checkpoint {theirs.get(k, '<unset>')!r}, this run {ours.get(k, '<unset>')!r})"
+                       for k in sorted({*theirs, *ours}) if theirs.get(k, "<unset>") != ours.get(k, "<unset>")]
+        elif theirs != ours:
+            differ.append(f"{key} (checkpoint {theirs!r}, this run {ours!r})")
+    if differ:
+        more = f" and {len(differ) - 2} more" if len(differ) > 2 else ""
+        raise CheckpointError(f"checkpoint {ckpt.path} was written with other settings: {'; '.join(differ[:2])}{more}; "
+                              "resume with the run's own config: resume=true hydra.run.dir=<run>, no other overrides")
 
 
 class _NullLogger:
