@@ -8,6 +8,13 @@ A `Robot` owns a backend (a MuJoCo process, an SDK connection) and wraps it in t
   `_command(cmd)`, and the only caller is `Robot.send_action`, after `SafetyChain.filter`;
 - `with robot:` always leaves the arm stopped and disconnected, whatever happened inside.
 
+Limits hold per unit of time: `send_action` sends at most one command per control period on the
+robot's clock (`clock()`); a caller that calls faster waits inside `send_action` for the rest of the
+period, so a tight loop cannot multiply the per-step limits. The measured state is watched too: on
+every reading while armed, an end effector more than `monitor_workspace_tol_m` outside the workspace
+box, or a joint faster than its limit by more than `monitor_speed_tol` (a fraction), holds the arm and
+is counted as a `measured_workspace` / `measured_speed` safety event.
+
 Action layout (flat float vector, one per control mode; the gripper width is always last):
     joint_position: [q_target_rad x dof, gripper_width_m]
     joint_velocity: [qd_target_rad_s x dof, gripper_width_m]
@@ -83,6 +90,8 @@ class RobotConfig:
     gripper_force_n: float = 20.0                  # the force every grasp command asks for
     home_joint_pos_rad: list = field(default_factory=lambda: [0.0] * 6)
     watchdog_deadline_ms: float = 500.0
+    monitor_workspace_tol_m: float = 0.02          # measured ee outside the box by more: hold
+    monitor_speed_tol: float = 0.10                # measured joint speed over limit x (1 + this): hold
     # what each safety event does: clip (fix the command and send it), reject (send a hold
     # instead), fault (stop the arm and enter `fault`). Keys are event kinds, see robots.safety.
     on_violation: dict = field(default_factory=dict)
@@ -114,6 +123,8 @@ class RobotConfig:
                               f"{', '.join(m.value for m in ControlMode)}")
         if self.watchdog_deadline_ms <= 0:
             raise ConfigError("robot.watchdog_deadline_ms must be positive")
+        if self.monitor_workspace_tol_m < 0 or self.monitor_speed_tol < 0:
+            raise ConfigError("robot.monitor_workspace_tol_m and robot.monitor_speed_tol must be >= 0")
         self.on_violation = dict(self.on_violation or {})
         for kind, policy in {**self.on_violation, "default": self.default_violation}.items():
             if policy not in ("clip", "reject", "fault"):
@@ -153,6 +164,7 @@ class Command:
     gripper_width_m: float
     gripper_force_n: float
     ee_target_m: np.ndarray | None = None   # ee_delta mode: the absolute position the delta aims at
+    velocity_rad_s: np.ndarray | None = None  # joint_position: the checked speed towards the target
 
     def as_action(self) -> np.ndarray:
         return np.append(self.values, self.gripper_width_m).astype(np.float64)
@@ -176,6 +188,11 @@ class Robot:
         self._start_watchdog = start_watchdog
         self.watchdog = None
         self.watchdog_fired: list[dict] = []  # every watchdog hold of this robot, across connections
+        self._last_send_s: float | None = None  # robot clock of the last command sent (pacing)
+        self._last_obs_s = float("-inf")
+        self._armed_box_excess_m = 0.0        # where the arm stood when armed (monitor baseline)
+        self._stalled_hold = threading.Event()  # the watchdog held without the lock (loop stalled in it)
+        self.paced_s = 0.0                    # total time send_action made callers wait
 
     # ------------------------------------------------------------------ backend hooks
     def _connect(self) -> None: raise NotImplementedError
@@ -189,6 +206,17 @@ class Robot:
     def fk_ee_pos_m(self, q_rad: np.ndarray) -> np.ndarray | None:
         """End-effector position for joint positions (for the workspace filter); None if unknown."""
         return None
+
+    ik_joint_targets = None
+    """Optional `(q_ref_rad, ee_target_m, rot_delta_rad) -> q_rad | None`. Where a backend has it,
+    ee_delta commands go out as the joint targets it solves to, after the joint checks."""
+
+    def clock(self) -> float:
+        """The robot's clock (seconds) for pacing and time-based limits."""
+        return time.monotonic()
+
+    def _sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -228,9 +256,16 @@ class Robot:
                 raise RobotStateError(f"robot {self.config.name} is e-stopped; call recover() first")
             if self._state is not State.CONNECTED:
                 raise RobotStateError(f"robot {self.config.name} is {self._state.value}; arm() needs connected")
-            self._arm()
+            try:
+                self._arm()
+            except RobotFault as err:  # e.g. the arm is in a protective stop: recover() first
+                self.fault(f"arm failed: {err}")
+                raise
             obs = self.observe()
             self.chain.reset(obs)
+            self._armed_box_excess_m = self._box_excess(obs)
+            self._stalled_hold.clear()
+            self._last_send_s = None
             self._transition(State.ARMED, "arm")
             if self.watchdog is not None:
                 self.watchdog.kick()
@@ -328,24 +363,102 @@ class Robot:
             except RobotFault as err:
                 self.fault(f"read failed: {err}")
                 raise
-            self._last_obs = obs
+            self._last_obs, self._last_obs_s = obs, self.clock()
+            if self._state is State.ARMED:
+                self._monitor(obs)
             return obs
 
+    def _box_excess(self, obs: dict) -> float:
+        ee = obs.get("ee_pos_m")
+        if ee is None:
+            return 0.0
+        p = np.asarray(ee, np.float64)
+        lo, hi = np.asarray(self.config.workspace_min_m), np.asarray(self.config.workspace_max_m)
+        return float(np.linalg.norm(np.maximum(lo - p, 0) + np.maximum(p - hi, 0)))
+
+    def _monitor(self, obs: dict) -> None:
+        """Hold (or fault, per on_violation) when the measured motion breaks a limit beyond tolerance."""
+        from robots.safety import SafetyEvent  # noqa: PLC0415  (safety imports this module)
+
+        c, events = self.config, []
+        excess = self._box_excess(obs)
+        # armed outside the box: any further outward motion holds (a baseline that grew with every re-arm
+        # would let repeated holds ratchet the arm outwards); 2 mm of margin for sensor noise
+        if excess > max(c.monitor_workspace_tol_m, self._armed_box_excess_m + 0.002):
+            events.append(SafetyEvent("measured_workspace", "monitor",
+                                      f"measured end effector {excess:.3f} m outside the workspace box"))
+        qd = obs.get("joint_vel_rad_s")
+        if qd is not None:
+            ratio = np.abs(np.asarray(qd, np.float64)) / np.asarray(c.joint_vel_max_rad_s)
+            if ratio.max() > 1.0 + c.monitor_speed_tol:
+                j = int(ratio.argmax())
+                events.append(SafetyEvent("measured_speed", "monitor",
+                                          f"joint {j} measured at {ratio[j]:.2f}x its speed limit"))
+        if not events:
+            return
+        outcome = "fault" if any(self.chain.policy(e.kind) == "fault" for e in events) else "reject"
+        for e in events:
+            e.outcome = outcome
+        self.chain._record(events)
+        reason = "monitor: " + "; ".join(e.detail for e in events)
+        self.events.append({"t_s": time.monotonic(), "kind": "monitor", "reason": reason})
+        if outcome == "fault":
+            self.fault(reason)
+        else:
+            self.hold(reason)
+
+    def _watchdog_hold_unlocked(self, reason: str) -> None:
+        """The watchdog could not take the lock (the control loop is stuck holding it): stop the backend
+        now; the state change happens when the lock is free (the next send_action refuses and does it)."""
+        self._stalled_hold.set()
+        self._hold()
+
+    def _backend_held(self, reason: str, t_s: float, last_command_s: float | None) -> None:
+        """The arm held by itself (its own command deadline): mirror it here, as a watchdog hold."""
+        with self._lock:
+            if self._state is not State.ARMED:
+                return
+            self._transition(State.CONNECTED, reason)
+        late = None if last_command_s is None else (t_s - last_command_s - self.config.watchdog_deadline_ms / 1e3) * 1e3
+        self.watchdog_fired.append({"t_s": t_s, "last_kick_s": last_command_s, "late_ms": late, "source": "arm"})
+        self.events.append({"t_s": t_s, "kind": "watchdog", "source": "arm", "reason": reason})
+
     def send_action(self, action) -> np.ndarray | None:
-        """Filter `action` through the safety chain and send the result.
+        """Filter `action` through the safety chain and send the result, at most once per period.
 
         Returns the action actually sent (the filtered command, or the hold command sent instead of
-        a rejected one), or None when nothing could be sent (not armed, e-stopped, faulted).
+        a rejected one), or None when nothing could be sent (not armed, e-stopped, faulted, or held by
+        the measured-state monitor).
         """
         if self._estop.is_set():
             self.chain.count_refused("estopped")
             return None
+        if self._last_send_s is not None:  # pace: one command per control period on the robot's clock
+            wait = self._last_send_s + self.config.period_s - self.clock()
+            if wait > 0:
+                self._sleep(wait)
+                self.paced_s += wait
         with self._lock:
+            if self._stalled_hold.is_set():
+                self._stalled_hold.clear()
+                if self._state is State.ARMED:
+                    self._transition(State.CONNECTED, "watchdog")
             if self._state is not State.ARMED or self._estop.is_set():
                 self.chain.count_refused("not_armed")
                 return None
-            obs = self._last_obs if self._last_obs is not None else self.observe()
-            result = self.chain.filter(action, obs, self.mode, fk=self.fk_ee_pos_m)
+            obs = self._last_obs
+            if obs is None or self.clock() - self._last_obs_s > self.config.period_s / 2:
+                try:
+                    obs = self.observe()  # fresh: the monitor sees the state this command starts from
+                except RobotFault:  # observe() already faulted the robot
+                    return None
+                if self._state is not State.ARMED:
+                    self.chain.count_refused("not_armed")
+                    return None
+            now = self.clock()
+            elapsed = None if self._last_send_s is None else now - self._last_send_s
+            result = self.chain.filter(action, obs, self.mode, fk=self.fk_ee_pos_m, ik=self.ik_joint_targets,
+                                       elapsed_s=elapsed)
             if result.fault:
                 self.fault(f"safety: {result.fault}")
                 return None
@@ -354,7 +467,8 @@ class Robot:
             except RobotFault as err:
                 self.fault(f"command failed: {err}")
                 return None
-            self.chain.commit(result.command)
+            self._last_send_s = now
+            self.chain.commit(result.command, elapsed_s=elapsed, fk=self.fk_ee_pos_m)
             if result.accepted and self.watchdog is not None:
                 self.watchdog.kick()  # only a valid command resets the deadline
             return result.command.as_action()

@@ -100,11 +100,12 @@ class PolicyClient:
             self.in_flight.pop(rid, None)
             if isinstance(rid, int) and rid < self._min_id:
                 continue  # answers a request from before new_epoch()
+            if msg.get("type") == "pong":
+                out.append(msg)  # type: ignore[arg-type]  (a pong is an answer, not an error)
+                continue
             if msg.get("type") != "chunk":
                 self.stats["errors"] += 1
                 self.last_error = str(msg.get("error", msg.get("type")))
-                if msg.get("type") == "pong":
-                    out.append(msg)  # type: ignore[arg-type]
                 continue
             self.stats["received"] += 1
             reply = ChunkReply(np.asarray(msg["chunk"], np.float64), int(msg["obs_step"]), float(msg["t_obs_s"]),
@@ -129,15 +130,26 @@ class PolicyClient:
         raise TimeoutError(f"no chunk from {self.address} within {timeout_ms:.0f} ms")
 
     def ping(self, timeout_ms: float = 2000) -> dict:
-        self._send({"type": "ping"})
+        """The server's counters and `spec`; raises PolicyServerError when it refuses the ping."""
+        rid = self._send({"type": "ping"})
+        errors = self.stats["errors"]
         deadline = time.monotonic() + timeout_ms / 1e3
         while time.monotonic() < deadline:
             for msg in self.poll(50):
-                if isinstance(msg, dict):
+                if isinstance(msg, dict) and msg.get("id") == rid:
                     return msg
-            if self.last_error and "unauthorized" in self.last_error:
-                raise PolicyServerError(self.last_error)
-        raise TimeoutError(f"policy server {self.address} did not answer a ping")
+            if self.stats["errors"] > errors and rid not in self.in_flight:
+                raise PolicyServerError(self.last_error)  # the ping itself was refused (token, ...)
+        raise TimeoutError(f"policy server {self.address} did not answer a ping within {timeout_ms:.0f} ms")
+
+    def spec(self, timeout_ms: float = 2000) -> dict:
+        """What the server's policy expects and sends (obs_dim, action_dim, horizon, action_map, mode, dof),
+        to check against the robot before arming."""
+        spec = self.ping(timeout_ms).get("spec")
+        if not isinstance(spec, dict):
+            raise PolicyServerError(f"policy server {self.address} sent no spec with its pong; "
+                                    "it predates spec reporting, restart it from this checkout")
+        return spec
 
     def close(self) -> None:
         self.sock.close()

@@ -12,6 +12,11 @@ holds the arm when no valid command goes out for `watchdog_deadline_ms`. Episode
 toolkit's D4RL-layout HDF5 (observations, actions actually sent; rewards 0 because a robot has no
 reward), with per-step safety events, timing and chunk delays under `infos/`, so the file feeds
 offline -> online training. Ctrl-C, SIGTERM or any error stops the arm before the process exits.
+
+Before the arm is armed, the policy's observation and action sizes (from the server's ping) are checked
+against the robot's; a mismatch names both. The exit status tells what happened (`EXIT_CODES`):
+0 ok, 1 robot fault, 2 config or spec error, 3 the watchdog held the arm, 4 no action was executed,
+130 / 143 interrupted by SIGINT / SIGTERM (the episode's end reason is then "interrupted").
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ from embodied.errors import ConfigError, UserError, exit_on_user_error
 
 CONF_DIR = Path(__file__).parent / "conf"
 log = logging.getLogger("robots.deploy")
+EXIT_CODES = {"ok": 0, "fault": 1, "config": 2, "watchdog": 3, "no_action": 4, "SIGINT": 130, "SIGTERM": 143}
 
 
 class Pacer:
@@ -99,8 +105,8 @@ def run(cfg: DictConfig, out_dir: Path, on_step=None) -> dict:
     executor = _executor(cfg)
     period = rcfg.period_s
     steps_per_episode = int(round(cfg.episode_s * rcfg.control_rate_hz))
-    episodes, lateness, status = [], [], "ok"
-    server = client = robot = None
+    episodes, lateness, status, outcome = [], [], "ok", "ok"
+    server = client = robot = server_exit = None
     t_start = time.monotonic()
     try:  # everything from here on is undone in `finally`, whatever interrupts it (Ctrl-C included)
         if cfg.policy_server == "local":
@@ -113,6 +119,7 @@ def run(cfg: DictConfig, out_dir: Path, on_step=None) -> dict:
 
             address, token = str(cfg.policy_server), os.environ.get("EMBODIED_POLICY_TOKEN")
         client = PolicyClient(address, token=token, max_age_ms=cfg.max_chunk_age_ms)
+        check_policy_spec(client, rcfg, cfg.policy)
         robot = robots.make(robot_dict, dry_run=bool(cfg.dry_run))
         context = {"server": server, "client": client, "executor": executor}
         with robot, _realtime(int(cfg.rt_priority)):
@@ -147,6 +154,9 @@ def run(cfg: DictConfig, out_dir: Path, on_step=None) -> dict:
                             on_step(step, robot, context)
                         step += 1
                         pacer.wait()
+                except KeyboardInterrupt:
+                    rec.end_reason = "interrupted"
+                    raise
                 finally:
                     rec.steps, rec.t_end = step, time.perf_counter()
                     lateness.extend(pacer.lateness_s)
@@ -165,25 +175,42 @@ def run(cfg: DictConfig, out_dir: Path, on_step=None) -> dict:
                     status = f"fault: {robot.fault_reason}"
                     break
     except KeyboardInterrupt as err:
-        status = f"interrupted ({err.args[0] if err.args else 'SIGINT'}): arm stopped"
+        outcome = err.args[0] if err.args and err.args[0] in EXIT_CODES else "SIGINT"
+        status = f"interrupted ({outcome}): arm stopped"
     except RobotFault as err:  # the robot already went to `fault` and stopped; record why
-        status = f"fault: {err}"
+        status, outcome = f"fault: {err}", "fault"
     finally:
         if robot is not None and robot.state.value != "disconnected":
             robot.__exit__(None, None, None)  # stop, then disconnect
         if client is not None:
             client.close()
+        server_exit = None if server is None else server.proc.poll()  # died on its own, before our stop
         if server is not None:
             server.stop()
+    if outcome == "ok" and status.startswith("fault"):
+        outcome = "fault"
+    fired = list(robot.watchdog_fired) if robot else []
+    sent = sum(len(e.actions) for e in episodes)
+    if outcome == "ok" and fired:
+        outcome = "watchdog"
+        status = (f"watchdog: the arm was held {len(fired)} time(s), no valid command for "
+                  f"{robot.config.watchdog_deadline_ms:g} ms")
+    if outcome == "ok" and sent == 0:
+        outcome = "no_action"
+        status = f"no action executed in {sum(e.steps for e in episodes)} steps"
+        if client is not None and client.last_error:
+            status += f" (last policy server error: {client.last_error})"
+    if server_exit is not None and server_exit != 0 and outcome != "ok":
+        status += f"; the policy server exited with code {server_exit}"
     summary = {"robot": rcfg.name, "robot_type": "sim" if cfg.dry_run else robot_type, "dry_run": bool(cfg.dry_run),
                "policy": str(cfg.policy), "executor": cfg.executor.name, "control_rate_hz": rcfg.control_rate_hz,
-               "status": status, "episodes": len(episodes), "steps": sum(e.steps for e in episodes),
+               "status": status, "outcome": outcome, "exit_code": EXIT_CODES[outcome], "episodes": len(episodes), "steps": sum(e.steps for e in episodes),
                "actions_sent": sum(len(e.actions) for e in episodes), "achieved_rate_hz": _achieved_rate(episodes),
                "loop_jitter": jitter_stats(lateness), "wall_s": time.monotonic() - t_start,
                "safety": robot.chain.summary() if robot else {},
                "events": [e for e in robot.events if e["kind"] != "state"][:100] if robot else [],
                "end_reasons": [e.end_reason for e in episodes], "client": dict(client.stats) if client else {},
-               "watchdog_fired": list(robot.watchdog_fired) if robot else [],
+               "watchdog_fired": fired,
                "sim_arm": [e.sim for e in episodes if e.sim]}
     delays = [d for e in episodes for d in e.delay_steps]
     summary["chunk_delay_steps"] = {"mean": float(np.mean(delays)) if delays else None,
@@ -310,6 +337,26 @@ def _hydra_main(cfg: DictConfig) -> None:
           f"{summary['actions_sent']} actions in {summary['steps']} steps, {summary['achieved_rate_hz']:.1f} Hz, "
           f"jitter p50 {j['p50_ms']} ms p99 {j['p99_ms']} ms; status {summary['status']}; "
           f"safety {summary['safety']['by_outcome']}; dataset {summary.get('dataset')}", flush=True)
+    if summary["exit_code"]:
+        print(f"deploy: {summary['status']} (exit {summary['exit_code']})", file=sys.stderr, flush=True)
+        raise SystemExit(summary["exit_code"])
+
+
+def check_policy_spec(client, rcfg, policy) -> None:
+    """The policy's observation and action sizes against the robot's, before anything moves."""
+    try:
+        spec = client.spec(timeout_ms=10_000)
+    except TimeoutError:
+        raise UserError(f"the policy server at {client.address} did not answer a ping within 10 s; "
+                        "is it running (and is the token right)?") from None
+    want_obs, want_act = rcfg.dof + 1, rcfg.action_dim()
+    if spec.get("obs_dim") not in (None, want_obs):
+        raise ConfigError(f"policy {policy} reads observations of size {spec['obs_dim']} but robot {rcfg.name} "
+                          f"gives {want_obs} ({rcfg.dof} joint positions + gripper width); use a policy trained "
+                          "on this robot's observation")
+    if spec.get("action_dim") not in (None, want_act):
+        raise ConfigError(f"policy {policy} outputs actions of size {spec['action_dim']} but robot {rcfg.name} "
+                          f"takes {want_act} in {rcfg.control_mode} mode; use a policy for this robot and mode")
 
 
 def check_robot_override(argv: list[str]) -> None:

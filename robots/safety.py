@@ -12,15 +12,25 @@ After the filters, `final_check` re-verifies every hard limit on the command tha
 failure there is a bug in a filter and faults the robot instead of reaching the backend.
 
 Joint velocity limits include a braking bound: near a position limit the allowed speed towards it is
-the largest speed that the acceleration limit can still stop, discretely, before the limit
-(v <= sqrt(2 a d + (a dt / 2)^2) - a dt / 2), so velocity, acceleration and position limits never
-contradict each other in joint modes. The workspace box is a hard wall: a step that would cross it is
-shortened, which may stop faster than the acceleration limit (counted as `workspace`).
+the largest speed from which braking by `joint_acc_max_rad_s2 * dt` per step still stops at or before
+the limit, counted in whole control steps (`braking_speed`), so velocity, acceleration and position
+limits never contradict each other in joint modes. The workspace box is met the same way: a command is
+kept only if the arm can still brake to a stop inside the box from it (`WorkspaceFilter`).
+
+Limits are per unit of time because `Robot.send_action` sends at most one command per control period
+(a faster caller waits), and `elapsed_s` (the time since the last command sent) ages the reference
+along the stop the backend made meanwhile (`BACKEND_CONTRACT`), so a late command resumes from where
+and how fast the arm really is instead of jumping back to the old speed.
+
+In `ee_delta` mode a robot with inverse kinematics (`Robot.ik_joint_targets`) turns the limited
+end-effector target into joint targets, and those pass every joint check (relative target, velocity,
+acceleration, joint limits, the workspace on their forward kinematics) as a joint command would: what
+the backend executes is checked, not only what was asked.
 """
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol
 
 import numpy as np
@@ -28,7 +38,11 @@ import numpy as np
 from robots.base import Command, ControlMode, RobotConfig
 
 TOL = 1e-9
-GUARD_KINDS = ("dtype", "shape", "non_finite")
+BACKEND_CONTRACT = """A joint command's velocity (position mode: towards its target) holds for one control
+period; if no command follows by then, the backend brakes every joint at its acceleration limit. The
+sim arm does exactly this; the chain checks each command together with that stopping path."""
+GUARD_KINDS = ("dtype", "shape", "non_finite", "ik")  # cannot be repaired: clip means reject
+MONITOR_KINDS = ("measured_workspace", "measured_speed")  # the measured state: clip means hold
 
 
 @dataclass
@@ -76,12 +90,22 @@ class Context:
 
     def velocity_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """Per joint (min, max) velocity: the speed limit, narrowed by the discrete braking bound."""
-        a, dt = self.amax, self.dt_s
         room_up = np.maximum(self.hi - self.ref_pos_rad, 0.0)
         room_down = np.maximum(self.ref_pos_rad - self.lo, 0.0)
-        brake_up = np.sqrt(2 * a * room_up + (a * dt / 2) ** 2) - a * dt / 2
-        brake_down = np.sqrt(2 * a * room_down + (a * dt / 2) ** 2) - a * dt / 2
-        return -np.minimum(self.vmax, brake_down), np.minimum(self.vmax, brake_up)
+        return (-np.minimum(self.vmax, braking_speed(room_down, self.amax, self.dt_s)),
+                np.minimum(self.vmax, braking_speed(room_up, self.amax, self.dt_s)))
+
+
+def braking_speed(room, acc, dt):
+    """The largest speed v whose braking steps v dt, v dt - u, v dt - 2u, ... (u = acc dt^2, one speed
+    decrement of acc dt per control step) add up to at most `room`: exact for discrete steps, so a joint
+    at this bound can always brake within the acceleration limit and never needs a clip at the limit.
+
+    With n positive steps the distance is n x - u n (n - 1) / 2 for a first step x; n is the fewest
+    steps whose full-speed distance u n (n + 1) / 2 covers the room."""
+    room, u = np.asarray(room, np.float64), np.asarray(acc, np.float64) * dt * dt
+    n = np.maximum(np.ceil((np.sqrt(1.0 + 8.0 * room / u) - 1.0) / 2.0), 1.0)
+    return (room + u * n * (n - 1) / 2.0) / n / dt
 
 
 class Filter(Protocol):
@@ -187,8 +211,13 @@ class WorkspaceFilter:
     """The end effector stays inside an axis-aligned box (metres, base frame).
 
     ee_delta: the target is clipped into the box. Joint modes (when the backend has forward
-    kinematics): the step is shortened by bisection to the last point inside the box; from outside the
-    box only steps that bring the end effector closer are allowed.
+    kinematics): a command is kept only if the arm can still stop inside the box from it, braking every
+    joint at its acceleration limit (`_brakes_inside`, the whole stopping path checked through FK).
+    Otherwise its velocity is blended towards the pure braking command (the previous one's stopping
+    path, inside by induction) by bisection, so the wall is met within the acceleration limit. Only if
+    even braking leaves the box (the arm was moved into a corner from outside the chain) is the step
+    cut short (`workspace_wall`, which may stop harder). From outside the box only steps that bring
+    the end effector closer are allowed.
     """
 
     name = "workspace"
@@ -212,27 +241,54 @@ class WorkspaceFilter:
             return cmd, []
         if ctx.fk is None:
             return cmd, []
-        target = _target_of(cmd, ctx)
-        p_new = ctx.fk(target)
-        if p_new is None or _box_distance(p_new, lo, hi) <= 0:
+        start, vel = ctx.ref_pos_rad, _velocity_of(cmd, ctx)
+        p_start = ctx.fk(start)
+        if p_start is None:
             return cmd, []
-        start = ctx.ref_pos_rad
-        d_start = _box_distance(ctx.fk(start), lo, hi)
+        d_start = _box_distance(p_start, lo, hi)
         if d_start > 0:  # already outside: allow only steps that approach the box
+            p_new = ctx.fk(start + vel * ctx.dt_s)
             if _box_distance(p_new, lo, hi) < d_start:
                 return cmd, []
-            alpha = 0.0
-        else:
+            _set_velocity(cmd, ctx, np.zeros_like(vel))
+            return cmd, [SafetyEvent("workspace_wall", self.name, "outside the box: step away from it stopped")]
+        if _brakes_inside(vel, ctx, lo, hi):
+            return cmd, []
+        brake = np.sign(ctx.ref_vel_rad_s) * np.maximum(np.abs(ctx.ref_vel_rad_s) - ctx.amax * ctx.dt_s, 0.0)
+        if _brakes_inside(brake, ctx, lo, hi):
             good, bad = 0.0, 1.0
-            for _ in range(20):
+            for _ in range(12):
                 mid = 0.5 * (good + bad)
-                if _box_distance(ctx.fk(start + mid * (target - start)), lo, hi) <= 0:
+                if _brakes_inside(brake + mid * (vel - brake), ctx, lo, hi):
                     good = mid
                 else:
                     bad = mid
-            alpha = good
-        _set_velocity(cmd, ctx, alpha * (target - start) / ctx.dt_s)
-        return cmd, [SafetyEvent("workspace", self.name, f"step shortened to {alpha:.2f} at the workspace box")]
+            _set_velocity(cmd, ctx, brake + good * (vel - brake))
+            return cmd, [SafetyEvent("workspace", self.name, f"slowed ({good:.2f} of the step) to stop inside the box")]
+        good, bad = 0.0, 1.0  # braking alone leaves the box: cut the step at the wall
+        for _ in range(20):
+            mid = 0.5 * (good + bad)
+            if _box_distance(ctx.fk(start + mid * vel * ctx.dt_s), lo, hi) <= 0:
+                good = mid
+            else:
+                bad = mid
+        _set_velocity(cmd, ctx, good * vel)
+        return cmd, [SafetyEvent("workspace_wall", self.name, f"step cut to {good:.2f} at the workspace box")]
+
+
+def _brakes_inside(vel: np.ndarray, ctx: Context, lo, hi) -> bool:
+    """Does the end effector stay in the box on this step and on the stop that follows it, every joint
+    braking by `amax * dt` per control step?"""
+    pos, v, dv = ctx.ref_pos_rad + vel * ctx.dt_s, np.asarray(vel, np.float64), ctx.amax * ctx.dt_s
+    for _ in range(10_000):
+        p = ctx.fk(pos)
+        if p is None or _box_distance(p, lo, hi) > 0:
+            return p is None
+        v = np.sign(v) * np.maximum(np.abs(v) - dv, 0.0)
+        if not np.any(v):
+            return True
+        pos = pos + v * ctx.dt_s
+    return False
 
 
 class GripperFilter:
@@ -250,6 +306,27 @@ class GripperFilter:
             events.append(SafetyEvent("gripper_force", self.name, f"force {cmd.gripper_force_n:.3g} N clipped"))
         cmd.gripper_width_m, cmd.gripper_force_n = width, force
         return cmd, events
+
+
+def _uniform_scale(step: np.ndarray, ctx: Context) -> float:
+    """The largest s in [0, 1] for which s * step keeps every joint's speed, braking bound, relative
+    target and acceleration limit: scaling all joints alike keeps the end effector on its path, where
+    clipping joints one by one would bend it. 1 when no s fits (the joint filters then clip per joint)."""
+    lo_s, hi_s = 0.0, 1.0
+    vel = step / ctx.dt_s
+    v_lo, v_hi = ctx.velocity_bounds()
+    dv = ctx.amax * ctx.dt_s
+    rel = ctx.config.max_relative_target_rad / ctx.dt_s
+    lows = np.maximum.reduce([v_lo, ctx.ref_vel_rad_s - dv, np.full_like(vel, -rel)])
+    highs = np.minimum.reduce([v_hi, ctx.ref_vel_rad_s + dv, np.full_like(vel, rel)])
+    for v, low, high in zip(vel, lows, highs):  # low <= s v <= high
+        if abs(v) < 1e-12:
+            if low > TOL or high < -TOL:
+                return 1.0
+            continue
+        a, b = sorted((low / v, high / v))
+        lo_s, hi_s = max(lo_s, a), min(hi_s, b)
+    return hi_s if hi_s >= lo_s else 1.0
 
 
 def _box_distance(p, lo, hi) -> float:
@@ -301,10 +378,12 @@ class SafetyChain:
         return cls(config)
 
     def reset(self, obs: dict | None = None) -> None:
-        """Start from the measured state (on arm): at rest where the arm is."""
+        """Start from the measured state (on arm): where the arm is, as fast as it still moves."""
         q = None if obs is None else np.asarray(obs["joint_pos_rad"], np.float64)
         self.ref_pos = q if q is not None else np.asarray(self.config.home_joint_pos_rad, np.float64)
-        self.ref_vel = np.zeros(self.config.dof)
+        qd = None if obs is None else obs.get("joint_vel_rad_s")  # re-armed while still braking: from there
+        vmax = np.asarray(self.config.joint_vel_max_rad_s)
+        self.ref_vel = np.zeros(self.config.dof) if qd is None else np.clip(np.asarray(qd, np.float64), -vmax, vmax)
         self._last_width: float | None = None
         ee = None if obs is None else obs.get("ee_pos_m")
         self.ref_ee = None if ee is None else np.asarray(ee, np.float64)
@@ -347,22 +426,39 @@ class SafetyChain:
             return None, [SafetyEvent("non_finite", "guard", "NaN or Inf in the command")]
         return arr, []
 
-    def context(self, obs: dict, mode: ControlMode, fk=None) -> Context:
+    def context(self, obs: dict, mode: ControlMode, fk=None, elapsed_s: float | None = None) -> Context:
+        """The filters' view. `elapsed_s` > one period ages the reference (see the module docstring)."""
         ee = obs.get("ee_pos_m")
+        ref_pos, ref_vel = self.ref_pos.copy(), self.ref_vel.copy()
+        late_s = 0.0 if elapsed_s is None else max(0.0, float(elapsed_s) - self.config.period_s)
+        if late_s > 0 and mode is not ControlMode.EE_DELTA:  # see BACKEND_CONTRACT: it braked meanwhile
+            amax = np.asarray(self.config.joint_acc_max_rad_s2)
+            t = np.minimum(late_s, np.abs(ref_vel) / amax)
+            ref_pos = ref_pos + ref_vel * t - np.sign(ref_vel) * 0.5 * amax * t * t
+            ref_vel = np.sign(ref_vel) * np.maximum(np.abs(ref_vel) - amax * late_s, 0.0)
         return Context(self.config, mode, self.config.period_s, np.asarray(obs["joint_pos_rad"], np.float64),
-                       None if ee is None else np.asarray(ee, np.float64), self.ref_pos.copy(),
-                       self.ref_vel.copy(), None if self.ref_ee is None else self.ref_ee.copy(),
+                       None if ee is None else np.asarray(ee, np.float64), ref_pos, ref_vel,
+                       None if self.ref_ee is None else self.ref_ee.copy(),
                        None if obs.get("gripper_width_m") is None else float(obs["gripper_width_m"]), fk=fk)
 
-    def filter(self, action, obs: dict, mode: ControlMode, fk=None) -> FilterResult:
+    def filter(self, action, obs: dict, mode: ControlMode, fk=None, ik=None,
+               elapsed_s: float | None = None) -> FilterResult:
+        """`ik(q_ref_rad, ee_target_m, rot_delta_rad) -> q_rad | None`: in ee_delta mode the command that
+        is checked and sent becomes the joint-position command it solves to."""
         self.commands += 1
-        ctx = self.context(obs, mode, fk)
+        ctx = self.context(obs, mode, fk, elapsed_s)
         values, events = self.guard(action, mode)
+        via_ik = mode is ControlMode.EE_DELTA and ik is not None
         cmd = None
         if values is not None:
             cmd = Command(mode, values[:-1].copy(), float(values[-1]), float(self.config.gripper_force_n))
             for f in self.filters:
                 cmd, new = f(cmd, ctx)
+                events += new
+        if via_ik:
+            ctx = replace(ctx, mode=ControlMode.JOINT_POSITION)  # from here on a joint command
+            if cmd is not None:
+                cmd, new = self._solve_ik(cmd, ctx, ik)
                 events += new
         outcome = "clip"
         for ev in events:
@@ -381,8 +477,28 @@ class SafetyChain:
             events.append(SafetyEvent("final_check", "final_check", problem, "fault"))
             self._record(events)
             return FilterResult(None, events, False, fault=f"final_check: {problem}")
+        if cmd.mode is ControlMode.JOINT_POSITION:  # backends that interpolate use the checked speed
+            cmd.velocity_rad_s = (cmd.values - ctx.ref_pos_rad) / ctx.dt_s
         self._record(events)
         return FilterResult(cmd, events, accepted)
+
+    def _solve_ik(self, cmd: Command, ctx: Context, ik) -> tuple[Command | None, list[SafetyEvent]]:
+        """The limited ee target -> joint targets from the joint reference, then every joint filter."""
+        base = ctx.ee_base()
+        goal = cmd.ee_target_m if cmd.ee_target_m is not None else (None if base is None else base + cmd.values[:3])
+        q = None if goal is None else ik(ctx.ref_pos_rad.copy(), np.asarray(goal, np.float64), cmd.values[3:6].copy())
+        if q is None or np.shape(q) != (self.config.dof,) or not np.all(np.isfinite(q)):
+            return None, [SafetyEvent("ik", "ik", "no joint solution for the end-effector target")]
+        step = np.asarray(q, np.float64) - ctx.ref_pos_rad
+        scale = _uniform_scale(step, ctx)
+        joint = Command(ControlMode.JOINT_POSITION, ctx.ref_pos_rad + scale * step, cmd.gripper_width_m,
+                        cmd.gripper_force_n)
+        events = [] if scale >= 1.0 - TOL else [
+            SafetyEvent("ik_step", "ik", f"joint step scaled by {scale:.2f} to the joint limits")]
+        for f in self.filters:
+            joint, new = f(joint, ctx)
+            events += new
+        return joint, events
 
     def hold_command(self, ctx: Context) -> tuple[Command, list[SafetyEvent]]:
         """Decelerate towards rest at the acceleration limit (a jump to zero would break it); at the
@@ -408,7 +524,7 @@ class SafetyChain:
             lo_b, hi_b = np.asarray(ctx.config.workspace_min_m), np.asarray(ctx.config.workspace_max_m)
             if p is not None and _box_distance(p, lo_b, hi_b) > _box_distance(ctx.fk(ctx.ref_pos_rad), lo_b, hi_b):
                 _set_velocity(cmd, ctx, np.zeros(ctx.config.dof))  # a wall: stop where we are
-                return cmd, [SafetyEvent("workspace", "hold", "hold stopped at the workspace wall", "reject")]
+                return cmd, [SafetyEvent("workspace_wall", "hold", "hold stopped at the workspace wall", "reject")]
         return cmd, []
 
     def final_check(self, cmd: Command, ctx: Context) -> str | None:
@@ -455,16 +571,20 @@ class SafetyChain:
                     return "end effector would leave the workspace"
         return None
 
-    def commit(self, cmd: Command) -> None:
-        """The command was sent: it becomes the reference for the next one."""
+    def commit(self, cmd: Command, elapsed_s: float | None = None, fk=None) -> None:
+        """The command was sent: it becomes the reference for the next one (aged as in `context`)."""
         if cmd.mode is ControlMode.EE_DELTA and cmd.ee_target_m is not None:
             self.ref_ee = np.asarray(cmd.ee_target_m, np.float64).copy()
         if cmd.mode is not ControlMode.EE_DELTA:
             dt = self.config.period_s
+            aged = self.context({"joint_pos_rad": self.ref_pos}, cmd.mode, elapsed_s=elapsed_s)
             if cmd.mode is ControlMode.JOINT_VELOCITY:
                 self.ref_vel = cmd.values.copy()
-                self.ref_pos = self.ref_pos + cmd.values * dt
+                self.ref_pos = aged.ref_pos_rad + cmd.values * dt
             else:
-                self.ref_vel = (cmd.values - self.ref_pos) / dt
+                self.ref_vel = (cmd.values - aged.ref_pos_rad) / dt
                 self.ref_pos = cmd.values.copy()
+            if self.config.control_mode == ControlMode.EE_DELTA.value and fk is not None:
+                p = fk(self.ref_pos)  # ee_delta through IK: the next step starts where this target leads
+                self.ref_ee = None if p is None else np.asarray(p, np.float64).copy()
         self._last_width = cmd.gripper_width_m

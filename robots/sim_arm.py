@@ -12,10 +12,16 @@ message, so a slow reader never sees a stale backlog), and can misbehave on purp
   as RTDE runs over TCP);
 - `noise_q_rad`, `noise_qd_rad_s` add Gaussian sensor noise to the published joint state.
 
-Commands: joint position targets, joint velocities (integrated into targets at the tick rate) and
-end-effector deltas (one damped-least-squares IK step at the pinch site, clipped to the joint limits
-and speed). The server has its own state: `run` follows commands, `hold` keeps the position where it
-was entered and ignores commands until `arm`, `estop` the same until `recover`.
+Commands: joint position targets and joint velocities (integrated into targets at the tick rate).
+End-effector deltas never reach the server: the client solves them to joint targets
+(`ArmModel.ik`, damped least squares at the pinch site) and those pass the joint safety checks first.
+The server has its own state: `run` follows commands; `hold` brakes the targets at the acceleration
+limit, keeps the position where they stop and ignores commands until `arm`; `estop` stops at once
+and waits for `recover`. Like a real arm it has its own command deadline: in `run`, no command for
+`watchdog_deadline_ms` is a hold with `hold_reason: watchdog`, whatever happens to the controller.
+It also measures what it executes (peak joint speed and acceleration over a control period against the
+limits, the furthest the pinch site got outside the workspace box) and publishes the peaks with the
+state, for the fuzz benchmarks (`reset_peaks` clears them).
 """
 from __future__ import annotations
 
@@ -72,6 +78,7 @@ class ArmModel:
         self.mj = mujoco
         self.model = model if model is not None else build_model()
         self.data = mujoco.MjData(self.model)
+        self._ik_data = mujoco.MjData(self.model)
         self.dof = 6
         self.site = self.model.site("ur5e/robotiq/pinch").id
         self.left = self.model.body("ur5e/robotiq/left_pad").id
@@ -82,6 +89,39 @@ class ArmModel:
         self.data.qpos[: self.dof] = q
         self.mj.mj_kinematics(self.model, self.data)
         return self.data.site_xpos[self.site].copy()
+
+    def ik(self, q_start: np.ndarray, goal_p: np.ndarray, rot_delta: np.ndarray, iterations: int = 3) -> np.ndarray:
+        """Joint positions that bring the pinch site to `goal_p` with the orientation at `q_start` turned
+        by `rot_delta` (base frame), by damped least squares from `q_start`, within the model's joint range.
+        Not clipped to any speed: the safety chain's joint filters do that to the result."""
+        mj, m = self.mj, self.model
+        d = self._ik_data
+        d.qpos[:] = 0
+        d.qpos[: self.dof] = q_start
+        mj.mj_kinematics(m, d)
+        mj.mj_comPos(m, d)
+        site = self.site
+        goal_q, cur_q, turn = np.zeros(4), np.zeros(4), np.zeros(4)
+        mj.mju_mat2Quat(cur_q, d.site_xmat[site])
+        angle = float(np.linalg.norm(rot_delta))
+        mj.mju_axisAngle2Quat(turn, rot_delta / (angle or 1.0), angle)
+        mj.mju_mulQuat(goal_q, turn, cur_q)
+        jac_p, jac_r = np.zeros((3, m.nv)), np.zeros((3, m.nv))
+        lo, hi = self.joint_range[:, 0], self.joint_range[:, 1]
+        q = np.asarray(q_start, np.float64).copy()
+        for _ in range(iterations):
+            mj.mju_mat2Quat(cur_q, d.site_xmat[site])
+            rot_err = np.zeros(3)
+            mj.mju_subQuat(rot_err, goal_q, cur_q)               # in the site's frame ...
+            rot_err = d.site_xmat[site].reshape(3, 3) @ rot_err  # ... the Jacobian wants the world frame
+            err = np.concatenate([goal_p - d.site_xpos[site], rot_err])
+            mj.mj_jacSite(m, d, jac_p, jac_r, site)
+            jac = np.vstack([jac_p[:, : self.dof], jac_r[:, : self.dof]])
+            q = np.clip(q + jac.T @ np.linalg.solve(jac @ jac.T + 1e-4 * np.eye(6), err), lo, hi)
+            d.qpos[: self.dof] = q
+            mj.mj_kinematics(m, d)
+            mj.mj_comPos(m, d)
+        return q
 
     def gripper_width(self, data) -> float:
         gap = np.linalg.norm(data.xpos[self.left] - data.xpos[self.right]) - PAD_OFFSET_M
@@ -106,13 +146,21 @@ class SimArmServer:
         self.rng = np.random.default_rng(int(sim.get("seed", 0)))
         self.arm = ArmModel()
         self.model, self.data = self.arm.model, mujoco.MjData(self.arm.model)
-        self._ik_data = mujoco.MjData(self.model)
         self.substeps = max(1, int(round(1.0 / self.rate_hz / self.model.opt.timestep)))
         home = np.asarray(sim.get("start_joint_pos_rad", config.home_joint_pos_rad), np.float64)
         self.data.qpos[:6] = home
         mujoco.mj_forward(self.model, self.data)
-        self.target = home.copy()
-        self.vel_cmd = np.zeros(6)
+        self.target = home.copy()       # the joint reference the servos track ...
+        self.target_vel = np.zeros(6)   # ... and its velocity (feed-forward)
+        self.goal: np.ndarray | None = None  # joint_position: where the reference is heading
+        self.braking = False                 # the target was reached with no next one: brake
+        self.ramp_step, self.ramp_ticks = np.zeros(6), 0  # a new velocity is reached over one period
+        # optional: commands apply `jitter_buffer_ms` after they were sent (0: on arrival), so a paced
+        # sender's commands take effect on its own schedule whatever the scheduling jitter
+        self.buffer_s = float(sim.get("jitter_buffer_ms", 0.0)) / 1e3
+        act = self.model.actuator_gainprm[:6, 0]
+        self._rne = np.zeros(self.model.nv)
+        self.servo_lead_s = -self.model.actuator_biasprm[:6, 2] / act  # kv / kp of the position servos
         self.grip_ctrl = 0.0
         self.mode, self.t_hold_s = "hold", None
         self.ctx = zmq.Context()
@@ -134,6 +182,74 @@ class SimArmServer:
                       "last_cmd_seq": -1}
         self.lo, self.hi = np.asarray(config.joint_pos_min_rad), np.asarray(config.joint_pos_max_rad)
         self.vmax = np.asarray(config.joint_vel_max_rad_s)
+        self.amax = np.asarray(config.joint_acc_max_rad_s2)
+        self.deadline_s = float(config.watchdog_deadline_ms) / 1e3
+        self.last_cmd_s, self.last_cmd_sent_s, self.hold_reason = 0.0, None, "start"
+        self.box_lo, self.box_hi = np.asarray(config.workspace_min_m), np.asarray(config.workspace_max_m)
+        window = max(1, int(round(config.period_s * self.rate_hz)))
+        self._qd_window: list = []     # joint velocities over the last control period, per tick
+        self._window = window
+        gripper = {i for i in range(self.model.nbody) if self.model.body(i).name.startswith("ur5e/robotiq")}
+        self._geom_in_gripper = np.array([self.model.geom_bodyid[g] in gripper for g in range(self.model.ngeom)])
+        self._in_contact, self._contact_ticks = False, 0
+        self.stats["collision_stops"] = 0
+        self.peaks = {"peak_speed_ratio": 0.0, "peak_acc_ratio": 0.0, "peak_acc_joint": -1, "peak_box_excess_m": 0.0}
+
+    def _stop(self, now: float, op: str, reason: str) -> None:
+        """hold: the reference brakes from its own speed at the acceleration limit (a controlled stop,
+        like servoStop/speedStop); estop: the reference is frozen where the arm is (a category-0 stop)."""
+        if self.mode == "estop" and op == "hold":
+            return  # an e-stop is only left through recover
+        self.goal, self.ramp_ticks = None, 0
+        if op == "estop":
+            self.target, self.target_vel = self.data.qpos[:6].copy(), np.zeros(6)
+        if self.mode != op or op == "estop":
+            self.mode, self.t_hold_s, self.hold_reason = op, now, reason
+
+    def _ramp_to(self, vel: np.ndarray) -> None:
+        """Reach `vel` at constant acceleration over one control period (or longer, never above the
+        acceleration limit), the way servo interpolators do, instead of a step at the 2 ms tick."""
+        dt = self.model.opt.timestep
+        delta = vel - self.target_vel
+        # never faster than the acceleration limit, even when two commands arrive close together (the
+        # server catching up after a stall of its own)
+        self.ramp_ticks = max(self._window * self.substeps, int(np.ceil(np.max(np.abs(delta) / (self.amax * dt)) - 1e-9)))
+        self.ramp_step = delta / self.ramp_ticks
+
+    def _arm_contact(self) -> bool:
+        """A contact between arm links, or between the arm and the gripper (the fingers touching each
+        other is a grasp, not a collision)."""
+        for i in range(self.data.ncon):
+            c = self.data.contact[i]
+            if not (self._geom_in_gripper[c.geom1] and self._geom_in_gripper[c.geom2]):
+                return True
+        return False
+
+    def _measure(self, now: float) -> None:
+        """Peaks of the executed motion; a self-collision is a protective stop (as UR's collision
+        detection makes one), and its impact is counted there, not as a controller overshoot."""
+        d = self.data
+        contact = self._arm_contact()
+        if contact and not self._in_contact and self.mode == "run":
+            self.stats["collision_stops"] += 1
+            self._stop(now, "estop", "self-collision")
+        self._in_contact = contact
+        self._contact_ticks = 2 * self._window if contact else max(0, self._contact_ticks - 1)
+        qd = d.qvel[:6].copy()
+        if not self._contact_ticks:
+            self.peaks["peak_speed_ratio"] = max(self.peaks["peak_speed_ratio"], float(np.max(np.abs(qd) / self.vmax)))
+        self._qd_window.append(qd)
+        if len(self._qd_window) > self._window:
+            old = self._qd_window.pop(0)
+            acc = (qd - old) / (self._window / self.rate_hz)
+            ratio = np.abs(acc) / self.amax
+            if self.mode != "estop" and not self._contact_ticks and ratio.max() > self.peaks["peak_acc_ratio"]:
+                self.peaks["peak_acc_ratio"], self.peaks["peak_acc_joint"] = float(ratio.max()), int(ratio.argmax())
+        if self._contact_ticks:
+            return  # a collision's impact and its stop are counted as collision_stops, not as overshoots
+        p = d.site_xpos[self.arm.site]
+        excess = float(np.linalg.norm(np.maximum(self.box_lo - p, 0) + np.maximum(p - self.box_hi, 0)))
+        self.peaks["peak_box_excess_m"] = max(self.peaks["peak_box_excess_m"], excess)
 
     def _delay(self) -> float:
         return self.latency_s + (self.rng.uniform(0, self.jitter_s) if self.jitter_s > 0 else 0.0)
@@ -155,7 +271,10 @@ class SimArmServer:
                 self.stats["cmds_dropped"] += 1
                 continue
             self.n += 1
-            heapq.heappush(self.inbox, (now + self._delay(), self.n, msg))
+            due = now + self._delay()
+            if op == "cmd":  # the jitter buffer: apply on the sender's schedule, not the arrival's
+                due = max(due, float(msg.get("t_send_s", now)) + self.buffer_s + self._delay())
+            heapq.heappush(self.inbox, (due, self.n, msg))
         while self.inbox and self.inbox[0][0] <= now:
             _, _, msg = heapq.heappop(self.inbox)
             if not self._apply(msg, now):
@@ -176,20 +295,29 @@ class SimArmServer:
             mode = msg["mode"]
             values = np.asarray(msg["values"], np.float64)
             if mode == ControlMode.JOINT_POSITION.value:
-                self.target, self.vel_cmd = np.clip(values, self.lo, self.hi), np.zeros(6)
+                # head for the target so as to reach it in one period (distance / time: a lag is caught up),
+                # through the acceleration-limited ramp, so arrival jitter never becomes a velocity jump;
+                # braking takes over if it is reached before the next one arrives
+                self.goal, self.braking = np.clip(values, self.lo, self.hi), False
+                vel = (self.goal - self.target) / self.config.period_s
+                self._ramp_to(vel / max(1.0, float(np.max(np.abs(vel) / self.vmax))))  # scaled: stay on the line
             elif mode == ControlMode.JOINT_VELOCITY.value:
-                self.vel_cmd = np.clip(values, -self.vmax, self.vmax)
-            else:
-                self.target, self.vel_cmd = self._ik_step(values, msg.get("ee_target_m")), np.zeros(6)
+                self.goal, self.braking = None, False
+                self._ramp_to(np.clip(values, -self.vmax, self.vmax))
+            else:  # the client solves ee deltas to joint targets; anything else is not executed
+                self.stats["cmds_ignored"] += 1
+                return True
+            self.last_cmd_s, self.last_cmd_sent_s = now, float(msg.get("t_send_s", now))
             width = float(msg["gripper_width_m"])
             self.grip_ctrl = 255.0 * (1.0 - np.clip(width / GRIPPER_OPEN_M, 0.0, 1.0))
         elif op in ("hold", "estop"):
-            self.target, self.vel_cmd = q, np.zeros(6)
-            self.mode = op
-            self.t_hold_s = now
+            self._stop(now, op, "client")
         elif op == "arm":
-            if self.mode == "hold":
-                self.mode, self.target, self.vel_cmd = "run", q, np.zeros(6)
+            if self.mode == "hold":  # still braking from a hold: keep braking, the client's chain knows
+                self.mode, self.goal, self.braking, self.ramp_ticks = "run", None, True, 0
+                if not np.any(self.target_vel):
+                    self.target = q
+                self.last_cmd_s, self.last_cmd_sent_s, self.hold_reason = now, None, None
         elif op == "recover":
             if self.mode == "estop":
                 self.mode = "hold"
@@ -197,7 +325,10 @@ class SimArmServer:
             self.data.qpos[:6] = np.asarray(msg["joint_pos_rad"], np.float64)
             self.data.qvel[:] = 0
             self.mj.mj_forward(self.model, self.data)
-            self.target, self.vel_cmd, self.mode = self.data.qpos[:6].copy(), np.zeros(6), "hold"
+            self.target, self.target_vel, self.goal, self.mode = self.data.qpos[:6].copy(), np.zeros(6), None, "hold"
+            self.hold_reason, self._qd_window = "reset", []
+        elif op == "reset_peaks":
+            self.peaks = dict.fromkeys(self.peaks, 0.0)
         elif op == "set":
             for key in ("latency_ms", "jitter_ms"):
                 if key in msg:
@@ -206,38 +337,6 @@ class SimArmServer:
                 if key in msg:
                     setattr(self, attr, float(msg[key]))
         return True
-
-    def _ik_step(self, delta: np.ndarray, ee_target) -> np.ndarray:
-        """Joint targets for (ee target position, current target orientation turned by the rotation delta):
-        a few damped-least-squares iterations on a scratch copy of the model, from the current targets."""
-        mj, m = self.mj, self.model
-        d = self._ik_data
-        d.qpos[:] = self.data.qpos
-        d.qpos[:6] = self.target
-        mj.mj_kinematics(m, d)
-        mj.mj_comPos(m, d)
-        site = self.arm.site
-        goal_p = np.asarray(ee_target, np.float64) if ee_target is not None else d.site_xpos[site] + delta[:3]
-        goal_q, cur_q, turn = np.zeros(4), np.zeros(4), np.zeros(4)
-        mj.mju_mat2Quat(cur_q, d.site_xmat[site])
-        mj.mju_axisAngle2Quat(turn, delta[3:6] / (np.linalg.norm(delta[3:6]) or 1.0), np.linalg.norm(delta[3:6]))
-        mj.mju_mulQuat(goal_q, turn, cur_q)
-        jac_p, jac_r = np.zeros((3, m.nv)), np.zeros((3, m.nv))
-        q = self.target.copy()
-        for _ in range(3):
-            mj.mju_mat2Quat(cur_q, d.site_xmat[site])
-            rot_err = np.zeros(3)
-            mj.mju_subQuat(rot_err, goal_q, cur_q)       # in the site's frame ...
-            rot_err = d.site_xmat[site].reshape(3, 3) @ rot_err  # ... the Jacobian wants the world frame
-            err = np.concatenate([goal_p - d.site_xpos[site], rot_err])
-            mj.mj_jacSite(m, d, jac_p, jac_r, site)
-            jac = np.vstack([jac_p[:, :6], jac_r[:, :6]])
-            q = np.clip(q + jac.T @ np.linalg.solve(jac @ jac.T + 1e-4 * np.eye(6), err), self.lo, self.hi)
-            d.qpos[:6] = q
-            mj.mj_kinematics(m, d)
-            mj.mj_comPos(m, d)
-        step = self.vmax * self.config.period_s * 2  # at most two control periods of full speed per command
-        return np.clip(q, self.target - step, self.target + step)
 
     def _state(self, now: float) -> dict:
         d = self.data
@@ -252,17 +351,40 @@ class SimArmServer:
         return {"op": "state", "t_s": now, "joint_pos_rad": q.tolist(), "joint_vel_rad_s": qd.tolist(),
                 "ee_pos_m": d.site_xpos[self.arm.site].tolist(), "ee_quat_wxyz": quat.tolist(),
                 "gripper_width_m": self.arm.gripper_width(d), "mode": self.mode, "t_hold_s": self.t_hold_s,
-                "target_rad": self.target.tolist(), **self.stats}
+                "hold_reason": self.hold_reason, "last_cmd_sent_s": self.last_cmd_sent_s,
+                "target_rad": self.target.tolist(), "target_vel_rad_s": self.target_vel.tolist(), **self.stats, **self.peaks}
 
     def _physics(self) -> None:
         d = self.data
         dt = self.model.opt.timestep
         for _ in range(self.substeps):
-            if self.mode == "run" and np.any(self.vel_cmd):
-                self.target = np.clip(self.target + self.vel_cmd * dt, self.lo, self.hi)
-            d.ctrl[:6] = self.target
+            prev_vel = self.target_vel.copy()
+            if self.mode == "run" and self.ramp_ticks > 0:  # constant acceleration to the new velocity
+                self.target_vel = self.target_vel + self.ramp_step
+                self.ramp_ticks -= 1
+            elif self.mode == "run" and self.goal is None:
+                self.braking = True  # the velocity command's period is over and no next one came
+            if self.mode == "hold" or (self.braking and self.ramp_ticks == 0):  # at the acceleration limit
+                self.target_vel = np.sign(self.target_vel) * np.maximum(np.abs(self.target_vel) - self.amax * dt, 0)
+            if self.goal is not None and self.ramp_ticks == 0 and np.all((np.abs(self.target_vel * dt) >= np.abs(self.goal - self.target))
+                                                | (self.target_vel * (self.goal - self.target) <= 0)):
+                # joint_position target reached and no next one yet: brake from here (the stopping path the
+                # safety chain checked), rather than stop dead at full speed
+                self.goal, self.braking = None, True
+            if np.any(self.target_vel):
+                self.target = np.clip(self.target + self.target_vel * dt, self.lo, self.hi)
+            # PD tracking of the reference: the velocity feed-forward cancels the servos' damping lag, and
+            # inverse dynamics of the reference acceleration (gravity and coupling included) is fed forward,
+            # as arm controllers do, so one joint's acceleration does not shake the others
+            d.ctrl[:6] = self.target + self.servo_lead_s * self.target_vel
             d.ctrl[6] = self.grip_ctrl
-            d.qfrc_applied[:6] = d.qfrc_bias[:6]  # gravity compensation, as every arm controller does
+            acc_ref = (self.target_vel - prev_vel) / dt
+            qacc = d.qacc.copy()
+            d.qacc[:] = 0
+            d.qacc[:6] = acc_ref
+            self.mj.mj_rne(self.model, d, 1, self._rne)
+            d.qacc[:] = qacc
+            d.qfrc_applied[:6] = self._rne[:6]
             self.mj.mj_step(self.model, d)
 
     def serve(self) -> None:
@@ -278,7 +400,11 @@ class SimArmServer:
                 now = time.monotonic()
                 if not self._receive(now):
                     break
+                last = self.last_cmd_sent_s if self.last_cmd_sent_s is not None else self.last_cmd_s
+                if self.mode == "run" and now - last > self.deadline_s:
+                    self._stop(now, "hold", "watchdog")  # the arm's own deadline, outside the controller
                 self._physics()
+                self._measure(now)
                 now = time.monotonic()
                 if not (self.drop_prob > 0 and self.rng.random() < self.drop_prob):
                     self.n += 1
@@ -325,6 +451,7 @@ class SimArm(Robot):
         self._latest: dict | None = None
         self._seq = 0
         self._kin: ArmModel | None = None
+        self._t_armed_s = float("inf")
         self.stale_after_s = float(config.sim.get("stale_after_ms", 500.0)) / 1e3
 
     def _connect(self) -> None:
@@ -417,6 +544,13 @@ class SimArm(Robot):
         age = time.monotonic() - msg["t_s"]  # the server is a local process: one monotonic clock
         if age > self.stale_after_s:
             raise RobotFault(f"sim arm state is {1e3 * age:.0f} ms old")
+        if self.state.value == "armed" and msg.get("mode") == "estop" and msg.get("hold_reason") == "self-collision" \
+                and (msg.get("t_hold_s") or 0.0) > self._t_armed_s:
+            raise RobotFault("sim arm protective stop: self-collision")
+        if (self.state.value == "armed" and msg.get("mode") == "hold" and msg.get("hold_reason") == "watchdog"
+                and (msg.get("t_hold_s") or 0.0) > self._t_armed_s):
+            self._backend_held("arm watchdog: no command within the deadline", float(msg["t_hold_s"]),
+                               msg.get("last_cmd_sent_s"))
         q = np.asarray(msg["joint_pos_rad"], np.float32)
         width = np.float32(msg["gripper_width_m"])
         return {STATE_KEY: np.append(q, width).astype(np.float32), "joint_pos_rad": q,
@@ -434,6 +568,7 @@ class SimArm(Robot):
     def _command(self, cmd: Command) -> None:
         self._seq += 1
         self._send({"op": "cmd", "seq": self._seq, "mode": cmd.mode.value, "values": cmd.values.tolist(),
+                    "velocity_rad_s": None if cmd.velocity_rad_s is None else cmd.velocity_rad_s.tolist(),
                     "gripper_width_m": cmd.gripper_width_m, "gripper_force_n": cmd.gripper_force_n,
                     "ee_target_m": None if cmd.ee_target_m is None else cmd.ee_target_m.tolist(),
                     "t_send_s": time.monotonic()})
@@ -446,8 +581,19 @@ class SimArm(Robot):
 
     def _recover(self) -> None:
         self._send({"op": "recover"})
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:  # so that the next arm() sees the stop released
+            self._drain()
+            if (self._latest or {}).get("mode") != "estop":
+                return
+            time.sleep(0.002)
+        raise RobotFault("sim arm did not leave its stop after recover")
 
     def _arm(self) -> None:
+        self._t_armed_s = time.monotonic()
+        self._drain()
+        if (self._latest or {}).get("mode") == "estop":
+            raise RobotFault(f"sim arm is stopped ({self._latest.get('hold_reason')}); call recover() first")
         self._send({"op": "arm"})
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline:  # the arm op travels with the injected latency
@@ -470,6 +616,13 @@ class SimArm(Robot):
 
     def fk_ee_pos_m(self, q_rad: np.ndarray) -> np.ndarray | None:
         return None if self._kin is None else self._kin.fk(q_rad)
+
+    def ik_joint_targets(self, q_ref_rad, ee_target_m, rot_delta_rad):
+        return None if self._kin is None else self._kin.ik(q_ref_rad, ee_target_m, rot_delta_rad)
+
+    def reset_peaks(self) -> None:
+        """Clear the server's measured peaks (speed, acceleration, box excess)."""
+        self._send({"op": "reset_peaks"})
 
     def kill_server(self) -> None:
         """Test hook: the server dies like a robot that loses power."""

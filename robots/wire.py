@@ -2,9 +2,12 @@
 
 Arrays travel as {"__nd__": True, "dtype": "<f4", "shape": [...], "data": bytes} and only numeric
 dtypes are accepted on decode; anything else in a message must be msgpack-native (str, int, float,
-bool, None, lists, dicts).
+bool, None, lists, dicts). `unpack` raises `WireError` (an `OversizedError` for a message over the
+limit) for anything else, never another exception, so a peer's bytes cannot crash the reader.
 """
 from __future__ import annotations
+
+import math
 
 import msgpack
 import numpy as np
@@ -17,9 +20,17 @@ class WireError(ValueError):
     """A message that does not decode to the expected structure."""
 
 
+class OversizedError(WireError):
+    """A message over the reader's size limit (kept apart so the reply can say by how much)."""
+
+    def __init__(self, size: int, limit: int):
+        super().__init__(f"{size - limit} bytes over the {limit}-byte limit (message of {size} bytes)")
+        self.size, self.limit = size, limit
+
+
 def _default(obj):
     if isinstance(obj, np.ndarray):
-        arr = np.ascontiguousarray(obj)
+        arr = obj if obj.flags.c_contiguous else obj.copy(order="C")  # ascontiguousarray makes 0-d arrays 1-d
         if arr.dtype.str not in ALLOWED_DTYPES:
             arr = arr.astype(np.float32)
         return {"__nd__": True, "dtype": arr.dtype.str, "shape": list(arr.shape), "data": arr.tobytes()}
@@ -32,10 +43,10 @@ def _hook(obj: dict):
     if obj.get("__nd__") is True:
         dtype, shape, data = obj.get("dtype"), obj.get("shape"), obj.get("data")
         if dtype not in ALLOWED_DTYPES or not isinstance(shape, list) or not isinstance(data, bytes):
-            raise WireError(f"bad array header (dtype {dtype!r})")
-        if len(shape) > MAX_DIMS or not all(isinstance(s, int) and s >= 0 for s in shape):
-            raise WireError(f"bad array shape {shape!r}")
-        expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            raise WireError(f"bad array header (dtype {dtype!r:.40}; numeric dtypes only)")
+        if len(shape) > MAX_DIMS or not all(type(s) is int and s >= 0 for s in shape):
+            raise WireError(f"bad array shape {shape!r:.80}")
+        expected = math.prod(shape) * np.dtype(dtype).itemsize  # exact: an int64 product could wrap to len(data)
         if expected != len(data):
             raise WireError(f"array data has {len(data)} bytes, shape {shape} needs {expected}")
         return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
@@ -48,10 +59,11 @@ def pack(message: dict) -> bytes:
 
 def unpack(raw: bytes, max_bytes: int) -> dict:
     if len(raw) > max_bytes:
-        raise WireError(f"message of {len(raw)} bytes is over the {max_bytes}-byte limit")
+        raise OversizedError(len(raw), max_bytes)
     try:
         message = msgpack.unpackb(raw, object_hook=_hook, raw=False, strict_map_key=True,
-                                  max_bin_len=max_bytes, max_str_len=max_bytes)
+                                  max_bin_len=max_bytes, max_str_len=max_bytes, max_array_len=max_bytes,
+                                  max_map_len=max_bytes, max_ext_len=max_bytes)
     except WireError:
         raise
     except Exception as err:  # noqa: BLE001  msgpack raises many types on garbage

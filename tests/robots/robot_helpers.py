@@ -27,15 +27,27 @@ def planar_fk(q: np.ndarray) -> np.ndarray:
 
 
 class RecordingRobot(Robot):
-    """Follows its commands exactly (a perfect servo) and records them."""
+    """Follows its commands exactly (a perfect servo) and records them. Its clock is virtual unless
+    `real_clock=True`: pacing advances it instead of sleeping, so fuzz runs are not bound to 100 Hz."""
 
-    def __init__(self, config: RobotConfig | None = None, fk: bool = True, **kw):
+    def __init__(self, config: RobotConfig | None = None, fk: bool = True, real_clock: bool = False, **kw):
         super().__init__(config or small_config(), **kw)
+        self.real_clock = real_clock
+        self.virtual_s = 0.0
         self.q = np.asarray(self.config.home_joint_pos_rad, np.float64)
         self.width = 0.0
         self.commands = []
         self.holds = 0
         self.use_fk = fk
+
+    def clock(self):
+        return time.monotonic() if self.real_clock else self.virtual_s
+
+    def _sleep(self, seconds):
+        if self.real_clock:
+            time.sleep(seconds)
+        else:
+            self.virtual_s += seconds
 
     def _connect(self): pass
     def _disconnect(self): pass
@@ -60,3 +72,20 @@ class RecordingRobot(Robot):
 
     def fk_ee_pos_m(self, q):
         return planar_fk(np.asarray(q)) if self.use_fk else None
+
+
+def planar_ik(q_ref, goal, rot_delta):
+    """Position-only damped least squares on `planar_fk` (numeric Jacobian), 5 iterations from q_ref."""
+    q = np.asarray(q_ref, np.float64).copy()
+    for _ in range(5):
+        p = planar_fk(q)
+        jac = np.stack([(planar_fk(q + 1e-6 * e) - p) / 1e-6 for e in np.eye(3)], axis=1)
+        q = q + jac.T @ np.linalg.solve(jac @ jac.T + 1e-4 * np.eye(3), goal - p)
+    return q
+
+
+class IKRecordingRobot(RecordingRobot):
+    """RecordingRobot with inverse kinematics: ee_delta commands reach it as joint targets."""
+
+    def ik_joint_targets(self, q_ref_rad, ee_target_m, rot_delta_rad):
+        return planar_ik(q_ref_rad, ee_target_m, rot_delta_rad)

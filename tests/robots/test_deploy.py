@@ -89,7 +89,40 @@ def test_policy_stall_triggers_the_watchdog(checkpoint, tmp_path):
           f"{(fired[0]['t_s'] - stalled['t']) * 1e3:.1f} ms after the stall")
     assert 500 <= since_last_ms <= 500 + 10 + 50   # deadline + one period (+ scheduling slack on a loaded box)
     sim = summary["sim_arm"][0]
-    assert sim["mode"] == "hold" and 0 <= sim["t_hold_s"] - fired[0]["t_s"] < 0.05   # the arm process holds
+    assert sim["mode"] == "hold" and abs(sim["t_hold_s"] - fired[0]["t_s"]) < 0.05   # the arm process holds
+    assert summary["outcome"] == "watchdog" and summary["exit_code"] == 3 and "watchdog" in summary["status"]
+
+
+def test_a_policy_server_that_dies_mid_run_is_a_failed_deploy(checkpoint, tmp_path):
+    def on_step(step, robot, ctx):
+        if step == 100:
+            ctx["server"].proc.kill()
+
+    cfg = compose_deploy(["robot=sim_ur5e", f"policy={checkpoint}", "episode_s=2.0", "record=false"])
+    summary = run(cfg, tmp_path, on_step=on_step)
+    assert summary["exit_code"] == 3 and summary["watchdog_fired"]
+    assert "policy server exited with code -9" in summary["status"]
+
+
+def test_a_policy_that_never_yields_an_action_is_a_failed_deploy(tmp_path):
+    torch = pytest.importorskip("torch")
+    policy = policies.make("gaussian", obs_dim=7, act_dim=7, hidden=[8])
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.fill_(float("nan"))       # every chunk non-finite: the server refuses to send it
+    policy.save(tmp_path / "nan_policy")
+    cfg = compose_deploy(["robot=sim_ur5e", f"policy={tmp_path / 'nan_policy'}", "episode_s=0.5", "record=false"])
+    summary = run(cfg, tmp_path / "out")
+    assert summary["actions_sent"] == 0 and summary["exit_code"] == 4
+    assert summary["status"].startswith("no action executed") and "non-finite" in summary["status"]
+
+
+def test_a_policy_for_another_robot_is_refused_before_arming(tmp_path):
+    policies.make("gaussian", obs_dim=9, act_dim=9, hidden=[8]).save(tmp_path / "franka_policy")
+    out = run_cli(["robot=sim_ur5e", f"policy={tmp_path / 'franka_policy'}", f"hydra.run.dir={tmp_path / 'r'}"])
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "observations of size 9" in out.stderr and "gives 7" in out.stderr
+    assert not (tmp_path / "r" / "episodes.hdf5").exists()
 
 
 def run_cli(args, timeout=180, **kw):
@@ -128,8 +161,9 @@ def test_ctrl_c_or_kill_stops_the_arm_and_keeps_the_data(checkpoint, tmp_path, s
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, stderr[-2000:]
+    assert proc.returncode == 128 + signum, stderr[-2000:]          # 130 for SIGINT, 143 for SIGTERM
     summary = json.loads((tmp_path / "deploy_summary.json").read_text())
     assert summary["status"] == f"interrupted ({signum.name}): arm stopped" and summary["actions_sent"] > 0
+    assert summary["end_reasons"] == ["interrupted"] and f"exit {128 + signum}" in stderr
     assert summary["wall_s"] < 30
     assert (tmp_path / "episodes.hdf5").is_file()

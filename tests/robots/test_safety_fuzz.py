@@ -9,11 +9,11 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from robot_helpers import RecordingRobot, planar_fk, small_config
+from robot_helpers import IKRecordingRobot, RecordingRobot, planar_fk, small_config
 from robots.base import ControlMode, State
 
 TOTALS: Counter = Counter()
-EXAMPLES = 90           # x 3 modes x ~50 commands each -> > 10,000 commands
+EXAMPLES = 90           # x 4 modes x ~50 commands each -> > 10,000 commands
 FLOATS = st.one_of(st.floats(-2.0, 2.0), st.floats(allow_nan=True, allow_infinity=True),
                    st.sampled_from([0.0, 1e300, -1e300, np.nan, np.inf, -np.inf, 1e-300]))
 
@@ -58,7 +58,7 @@ def check_command(robot, cmd, ref_pos, ref_vel, workspace_event: bool):
     assert np.all(np.abs(vel) <= vmax * (1 + 1e-7))
     if cmd.mode is ControlMode.JOINT_POSITION:
         assert np.all(np.abs(target - ref_pos) <= c.max_relative_target_rad + 1e-7)
-    if not workspace_event:  # the box is a hard wall; everywhere else acceleration holds
+    if not workspace_event:  # only a cut at the wall (braking alone would leave the box) may stop harder
         assert np.all(np.abs(vel - ref_vel) <= amax * dt * (1 + 1e-6) + 1e-9)
     p = planar_fk(target)
     outside = np.linalg.norm(np.maximum(box_lo - planar_fk(ref_pos), 0) + np.maximum(planar_fk(ref_pos) - box_hi, 0))
@@ -66,9 +66,9 @@ def check_command(robot, cmd, ref_pos, ref_vel, workspace_event: bool):
     return target, vel
 
 
-def run_sequence(mode: ControlMode, actions) -> None:
-    robot = RecordingRobot(small_config(control_mode=mode.value, home_joint_pos_rad=[0.0, 0.6, -0.4]),
-                           start_watchdog=False)
+def run_sequence(mode: ControlMode, actions, ik: bool = False) -> None:
+    cls = IKRecordingRobot if ik else RecordingRobot
+    robot = cls(small_config(control_mode=mode.value, home_joint_pos_rad=[0.0, 0.6, -0.4]), start_watchdog=False)
     robot.connect()
     robot.arm()
     ref_pos, ref_vel = robot.observe()["joint_pos_rad"].astype(np.float64), np.zeros(3)
@@ -84,7 +84,7 @@ def run_sequence(mode: ControlMode, actions) -> None:
             continue
         was_armed = robot.state is State.ARMED
         n_before = len(robot.commands)
-        ws_before = sum(n for (k, _), n in robot.chain.counts.items() if k == "workspace")
+        ws_before = sum(n for (k, _), n in robot.chain.counts.items() if k == "workspace_wall")
         sent = robot.send_action(action)
         TOTALS["commands"] += 1
         TOTALS["armed_commands"] += was_armed
@@ -96,8 +96,9 @@ def run_sequence(mode: ControlMode, actions) -> None:
             continue
         cmd = robot.commands[-1]
         assert np.array_equal(cmd.as_action(), sent)
+        assert cmd.mode is (ControlMode.JOINT_POSITION if ik else mode)  # through IK: a checked joint command
         ref_pos, ref_vel = check_command(robot, cmd, ref_pos, ref_vel,
-                                         sum(n for (k, _), n in robot.chain.counts.items() if k == "workspace") > ws_before)
+                                         sum(n for (k, _), n in robot.chain.counts.items() if k == "workspace_wall") > ws_before)
     for (kind, outcome), n in robot.chain.counts.items():
         TOTALS[f"{outcome}/{kind}"] += n
         TOTALS[outcome] += n
@@ -105,8 +106,9 @@ def run_sequence(mode: ControlMode, actions) -> None:
     robot.disconnect()
 
 
-@pytest.mark.parametrize("mode", list(ControlMode))
-def test_fuzz_backend_never_sees_an_out_of_limit_command(mode):
+@pytest.mark.parametrize("mode, ik", [(m, False) for m in ControlMode] + [(ControlMode.EE_DELTA, True)],
+                         ids=[m.value for m in ControlMode] + ["ee_delta_through_ik"])
+def test_fuzz_backend_never_sees_an_out_of_limit_command(mode, ik):
     dim = small_config(control_mode=mode.value).action_dim()
 
     @settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
@@ -114,7 +116,7 @@ def test_fuzz_backend_never_sees_an_out_of_limit_command(mode):
               phases=[Phase.explicit, Phase.generate, Phase.shrink])
     @given(st.lists(action_strategy(dim), min_size=40, max_size=60))
     def run(actions):
-        run_sequence(mode, actions)
+        run_sequence(mode, actions, ik)
 
     run()
 

@@ -50,7 +50,9 @@ def test_episode_joint_targets_and_gripper(arm):
     arm.arm()
     q0 = arm.observe()["joint_pos_rad"].astype(np.float64)
     goal = q0 + np.array([0.3, -0.2, 0.2, 0, 0, 0.3])
-    run_for(arm, 1.5, lambda o: np.append(goal, 0.01))
+    t0 = time.monotonic()
+    ramp = lambda o: np.append(q0 + min(1.0, (time.monotonic() - t0) / 1.0) * (goal - q0), 0.01)  # noqa: E731
+    run_for(arm, 1.6, ramp)   # a trajectory within the limits (0.3 rad in 1 s), then stay on the goal
     obs = arm.observe()
     assert np.abs(obs["joint_pos_rad"] - goal).max() < 0.03     # MuJoCo servos tracked the filtered targets
     assert obs["gripper_width_m"] < 0.03                        # Robotiq fingers closed

@@ -1,0 +1,165 @@
+"""Limits per unit of time and on the motion actually executed (issue 14): pacing of unpaced callers,
+late commands, braking at joint limits, the measured-state monitor, ee_delta through IK on the sim arm,
+and a watchdog that survives a stalled loop and a stalled process."""
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import robots
+from robot_helpers import RecordingRobot, small_config
+from robots.base import ControlMode, State
+
+
+def armed(real_clock=False, fk=True, **overrides):
+    robot = RecordingRobot(small_config(**overrides), start_watchdog=False, real_clock=real_clock, fk=fk)
+    robot.connect()
+    robot.arm()
+    return robot
+
+
+def test_an_unpaced_caller_gets_one_command_per_period():
+    robot = armed(real_clock=True)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 0.3:
+        robot.send_action(np.array([0.9, 0.0, 0.0, 0.0]))   # as fast as the loop can go
+    sends = len(robot.commands)
+    assert 5 <= sends <= 32             # at most 100 Hz for 0.3 s (fewer on a loaded machine), not thousands
+    targets = np.array([c.values[0] for c in robot.commands])
+    speed = np.abs(np.diff(targets)).sum() / (time.monotonic() - t0)
+    assert speed <= robot.config.joint_vel_max_rad_s[0] * 1.001   # per second, not per call
+    assert robot.paced_s > 0.2
+
+
+def test_a_late_command_resumes_from_the_stop_the_arm_made():
+    robot = armed(joint_acc_max_rad_s2=[10.0, 20.0, 5.0])
+    for _ in range(40):
+        robot.send_action(np.array([0.9, 0.0, 0.0, 0.0]))     # at full speed, 1 rad/s
+    v_before = (robot.commands[-1].values[0] - robot.commands[-2].values[0]) / robot.config.period_s
+    assert v_before == pytest.approx(1.0)
+    robot.virtual_s += 0.06                                    # the next command comes 50 ms late
+    robot.send_action(np.array([0.9, 0.0, 0.0, 0.0]))
+    ref_vel = robot.chain.ref_vel[0]
+    # the arm braked at 10 rad/s^2 for 50 ms (to 0.5 rad/s); this command may only add 10 * 0.01
+    assert ref_vel <= 1.0 - 10.0 * 0.05 + 10.0 * 0.01 + 1e-9
+
+
+@pytest.mark.parametrize("mode", [ControlMode.JOINT_POSITION, ControlMode.JOINT_VELOCITY])
+@pytest.mark.parametrize("acc", [3.0, 5.0, 40.0])
+def test_braking_at_a_joint_limit_stays_within_the_acceleration_limit(mode, acc):
+    robot = armed(fk=False, control_mode=mode.value, max_relative_target_rad=1.0, joint_vel_max_rad_s=[1.0, 2.0, 0.5],
+                  joint_acc_max_rad_s2=[10.0, 20.0, acc])
+    dt = robot.config.period_s
+    q_prev, v_prev = robot.chain.ref_pos.copy(), np.zeros(3)
+    for i in range(400):
+        push = np.array([0.0, 0.0, 5.0 if i < 250 else -5.0, 0.0])     # into the elbow limit, then away
+        if mode is ControlMode.JOINT_POSITION:
+            push[:3] = robot.chain.ref_pos + push[:3]
+        robot.send_action(push)
+        cmd = robot.commands[-1]
+        v = cmd.values if mode is ControlMode.JOINT_VELOCITY else (cmd.values - q_prev) / dt
+        assert np.all(np.abs(v - v_prev) <= np.asarray(robot.config.joint_acc_max_rad_s2) * dt * (1 + 1e-9) + 1e-12)
+        q_prev, v_prev = q_prev + v * dt, v
+        assert q_prev[2] <= 0.5 + 1e-9
+    assert robot.chain.counts[("velocity", "clip")] > 0 and q_prev[2] < 0.45   # it reached the limit and left
+
+
+class DriftingRobot(RecordingRobot):
+    """Reports a measured state that differs from what it was told: an arm that does not follow."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.ee_offset = np.zeros(3, np.float32)
+        self.qd = np.zeros(3, np.float32)
+
+    def _read(self):
+        obs = super()._read()
+        obs["ee_pos_m"] = obs["ee_pos_m"] + self.ee_offset
+        obs["joint_vel_rad_s"] = self.qd.copy()
+        return obs
+
+
+def test_the_monitor_holds_when_the_measured_arm_leaves_the_box_or_speeds():
+    robot = DriftingRobot(small_config(home_joint_pos_rad=[0.0, 0.6, -0.4]), start_watchdog=False)
+    robot.connect()
+    robot.arm()
+    assert robot.send_action(np.array([0.0, 0.6, -0.4, 0.0])) is not None
+    robot.ee_offset[2] = -2.0          # measured: far below the floor, whatever was commanded
+    assert robot.send_action(np.array([0.0, 0.6, -0.4, 0.0])) is None
+    assert robot.state is State.CONNECTED and robot.chain.counts[("measured_workspace", "reject")] == 1
+    robot.ee_offset[:] = 0
+    robot.arm()
+    robot.qd[1] = 2.0 * 1.2            # joint 1 measured 20% over its 2 rad/s limit
+    robot.observe()
+    assert robot.state is State.CONNECTED and robot.chain.counts[("measured_speed", "reject")] == 1
+    assert any(e["kind"] == "monitor" and "joint 1" in e["reason"] for e in robot.events)
+    robot.qd[:] = 0
+    robot.config.on_violation["measured_speed"] = "fault"
+    robot.arm()
+    robot.qd[0] = 5.0
+    robot.observe()
+    assert robot.state is State.FAULT
+
+
+def test_the_watchdog_holds_when_the_loop_stalls_holding_the_robot_lock():
+    robot = RecordingRobot(small_config(watchdog_deadline_ms=200.0), real_clock=True)
+    robot.connect()
+    robot.arm()
+    robot.send_action(np.zeros(4))
+    t_last = time.monotonic()
+    stalled = threading.Thread(target=lambda: (robot._lock.acquire(), time.sleep(1.0), robot._lock.release()))
+    stalled.start()
+    time.sleep(0.6)
+    assert robot.holds == 1                        # the backend was told to stop while the loop was stuck
+    fired = robot.watchdog_fired[0]
+    assert "stalled" in fired["source"]
+    assert fired["t_s"] - t_last <= 0.2 + robot.config.period_s + 0.03
+    stalled.join()
+    assert robot.send_action(np.zeros(4)) is None and robot.state is State.CONNECTED   # the state followed
+    robot.disconnect()
+
+
+@pytest.fixture(scope="module")
+def ee_arm():
+    cfg = robots.load_config("sim_ur5e")
+    cfg["control_mode"] = "ee_delta"
+    with robots.make(cfg) as robot:
+        yield robot
+
+
+def test_ee_delta_through_ik_keeps_the_measured_arm_inside_its_limits(ee_arm):
+    """Push the end effector into the floor and a side wall, unpaced: what the arm does is checked."""
+    robot = ee_arm
+    robot.arm()
+    robot.reset_peaks()
+    for direction in ([0, 0, -1], [0, 1, 0], [1, 0, 0], [0, 0, 1]):
+        for _ in range(80):
+            robot.send_action(np.array([*(0.05 * np.asarray(direction, float)), 0.0, 0.0, 0.2, 0.085]))
+    time.sleep(0.1)
+    state = robot.server_state()
+    assert state["cmds_ignored"] == 0 and state["mode"] == "run"   # all of them executed, as joint targets
+    assert state["peak_speed_ratio"] <= 1.05 and state["peak_acc_ratio"] <= 1.05
+    assert state["peak_box_excess_m"] <= robot.config.monitor_workspace_tol_m
+    counts = robot.chain.counts
+    assert counts[("ee_step", "clip")] > 0 and counts[("workspace", "clip")] > 0
+    robot.hold()
+
+
+def test_the_arm_holds_by_itself_when_the_whole_controller_process_stalls(ee_arm):
+    """Every thread of this process stops (the GIL held in a C call): only the arm's own deadline acts."""
+    robot = ee_arm
+    robot.arm()
+    for _ in range(10):
+        robot.send_action(np.array([0, 0, 0, 0, 0, 0, 0.085]))
+    ctypes.PyDLL(None).usleep(1_000_000)
+    robot.observe()
+    state = robot.server_state()
+    assert state["mode"] == "hold" and state["hold_reason"] == "watchdog"
+    hold_after_s = state["t_hold_s"] - state["last_cmd_sent_s"]
+    assert robot.config.watchdog_deadline_ms / 1e3 <= hold_after_s <= (robot.config.watchdog_deadline_ms / 1e3
+                                                                        + robot.config.period_s)
+    assert robot.state is State.CONNECTED and robot.watchdog_fired   # recorded here too once the process ran
