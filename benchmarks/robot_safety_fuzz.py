@@ -58,6 +58,18 @@ def make_action(kind: str, mode: str, rng, direction: np.ndarray, obs: dict, cfg
     return np.append(move, grip)
 
 
+PEAKS = ("peak_speed_ratio", "peak_acc_ratio", "peak_box_excess_m")
+
+
+def fold_peaks(robot, overall: dict) -> dict:
+    """Read the server's peaks since the last reset into `overall`, reset them, return them."""
+    stretch = {k: robot.server_state().get(k, 0.0) for k in PEAKS}
+    for k in PEAKS:
+        overall[k] = max(overall[k], stretch[k])
+    robot.reset_peaks()
+    return stretch
+
+
 def observe(robot, last: dict | None) -> dict | None:
     """A reading, or the last one when this reading faulted the robot (a protective stop)."""
     try:
@@ -74,6 +86,8 @@ def fuzz_mode(mode: str, commands: int, seed: int) -> dict:
     cfg = robot.config
     holds: Counter = Counter()
     reasons: Counter = Counter()
+    box_by_end: dict = {}  # the largest box excess of the stretches ended by each kind of hold
+    overall = dict.fromkeys(PEAKS, 0.0)
     sent = segments = 0
     obs = None
     t0 = time.monotonic()
@@ -96,6 +110,9 @@ def fuzz_mode(mode: str, commands: int, seed: int) -> dict:
                     reason = next((e.get("reason", "") for e in reversed(robot.events) if e.get("reason")), "")
                     holds[reason.split(":")[0] or robot.state.value] += 1
                     reasons[reason[:70]] += 1
+                    stretch = fold_peaks(robot, overall)  # the peaks of the stretch this hold ended
+                    key = "self-collision" if "collision" in reason else reason.split(":")[0] or robot.state.value
+                    box_by_end[key] = max(box_by_end.get(key, 0.0), stretch["peak_box_excess_m"])
                     try:
                         if robot.state is State.FAULT:
                             robot.recover()
@@ -111,11 +128,13 @@ def fuzz_mode(mode: str, commands: int, seed: int) -> dict:
         wall = time.monotonic() - t0
         time.sleep(0.05)
         server = robot.server_state()
-    peaks = {k: server[k] for k in ("peak_speed_ratio", "peak_acc_ratio", "peak_box_excess_m")}
+    box_by_end["end of run"] = server["peak_box_excess_m"]
+    peaks = {k: max(overall[k], server[k]) for k in PEAKS}
     return {"mode": mode, "commands": sent, "segments": segments, "wall_s": round(wall, 1),
             "commands_per_s": round(sent / wall, 1), "paced_s": round(robot.paced_s, 1), **peaks,
             "monitor_workspace_tol_m": cfg.monitor_workspace_tol_m, "holds_rearmed": dict(holds),
             "hold_reasons": dict(reasons.most_common(12)),
+            "box_excess_m_by_what_ended_the_stretch": {k: round(v, 4) for k, v in box_by_end.items()},
             "safety": robot.chain.summary(), "server_overruns": server.get("overruns"),
             "self_collision_stops": server.get("collision_stops"),
             "goals_met": bool(peaks["peak_speed_ratio"] <= 1.05 and peaks["peak_acc_ratio"] <= 1.05
@@ -161,6 +180,7 @@ def main() -> None:
               f"peak acc {r['peak_acc_ratio']:.3f}x, box excess {r['peak_box_excess_m'] * 1e3:.1f} mm, "
               f"holds {r['holds_rearmed']}, goals {'met' if r['goals_met'] else 'NOT met'}", flush=True)
         print("   safety:", r["safety"]["by_kind"], flush=True)
+        print("   box excess by what ended the stretch:", r["box_excess_m_by_what_ended_the_stretch"], flush=True)
     stall = process_stall()
     print(f"process stall {stall['stall_s']} s: arm held {stall['hold_after_last_command_ms']} ms after the last "
           f"command (limit {stall['limit_ms']} ms, reason {stall['hold_reason']}), goal "

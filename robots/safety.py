@@ -255,6 +255,7 @@ class WorkspaceFilter:
         if _brakes_inside(vel, ctx, lo, hi):
             return cmd, []
         brake = np.sign(ctx.ref_vel_rad_s) * np.maximum(np.abs(ctx.ref_vel_rad_s) - ctx.amax * ctx.dt_s, 0.0)
+        brake = np.clip(brake, *ctx.velocity_bounds())  # an aged reference may sit just past the braking bound
         if _brakes_inside(brake, ctx, lo, hi):
             good, bad = 0.0, 1.0
             for _ in range(12):
