@@ -37,6 +37,12 @@ from embodied.errors import ConfigError, UserError
 STATE_KEY = "observation.state"
 
 
+def box_distance_m(p, lo, hi) -> float:
+    """How far point `p` is outside the axis-aligned box [lo, hi] (0 inside), in the points' units."""
+    p = np.asarray(p, np.float64)
+    return float(np.linalg.norm(np.maximum(np.asarray(lo) - p, 0) + np.maximum(p - np.asarray(hi), 0)))
+
+
 class RobotStateError(UserError):
     """An operation was asked of the robot in a lifecycle state that does not allow it."""
 
@@ -164,7 +170,6 @@ class Command:
     gripper_width_m: float
     gripper_force_n: float
     ee_target_m: np.ndarray | None = None   # ee_delta mode: the absolute position the delta aims at
-    velocity_rad_s: np.ndarray | None = None  # joint_position: the checked speed towards the target
 
     def as_action(self) -> np.ndarray:
         return np.append(self.values, self.gripper_width_m).astype(np.float64)
@@ -370,11 +375,7 @@ class Robot:
 
     def _box_excess(self, obs: dict) -> float:
         ee = obs.get("ee_pos_m")
-        if ee is None:
-            return 0.0
-        p = np.asarray(ee, np.float64)
-        lo, hi = np.asarray(self.config.workspace_min_m), np.asarray(self.config.workspace_max_m)
-        return float(np.linalg.norm(np.maximum(lo - p, 0) + np.maximum(p - hi, 0)))
+        return 0.0 if ee is None else box_distance_m(ee, self.config.workspace_min_m, self.config.workspace_max_m)
 
     def _monitor(self, obs: dict) -> None:
         """Hold (or fault, per on_violation) when the measured motion breaks a limit beyond tolerance."""

@@ -35,7 +35,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from robots.base import Command, ControlMode, RobotConfig
+from robots.base import Command, ControlMode, RobotConfig, box_distance_m as _box_distance
 
 TOL = 1e-9
 BACKEND_CONTRACT = """A joint command's velocity (position mode: towards its target) holds for one control
@@ -330,10 +330,6 @@ def _uniform_scale(step: np.ndarray, ctx: Context) -> float:
     return hi_s if hi_s >= lo_s else 1.0
 
 
-def _box_distance(p, lo, hi) -> float:
-    return float(np.linalg.norm(np.maximum(lo - p, 0) + np.maximum(p - hi, 0)))
-
-
 def _velocity_of(cmd: Command, ctx: Context) -> np.ndarray:
     if cmd.mode is ControlMode.JOINT_VELOCITY:
         return cmd.values.copy()
@@ -478,8 +474,6 @@ class SafetyChain:
             events.append(SafetyEvent("final_check", "final_check", problem, "fault"))
             self._record(events)
             return FilterResult(None, events, False, fault=f"final_check: {problem}")
-        if cmd.mode is ControlMode.JOINT_POSITION:  # backends that interpolate use the checked speed
-            cmd.velocity_rad_s = (cmd.values - ctx.ref_pos_rad) / ctx.dt_s
         self._record(events)
         return FilterResult(cmd, events, accepted)
 

@@ -38,7 +38,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
-from robots.base import Command, ControlMode, Robot, RobotConfig, RobotFault, STATE_KEY
+from robots.base import STATE_KEY, Command, ControlMode, Robot, RobotConfig, RobotFault, box_distance_m
 
 UR5E_HOME_RAD = [-1.5708, -1.5708, 1.5708, -1.5708, -1.5708, 0.0]
 GRIPPER_OPEN_M = 0.085          # Robotiq 2F-85 stroke
@@ -155,9 +155,6 @@ class SimArmServer:
         self.goal: np.ndarray | None = None  # joint_position: where the reference is heading
         self.braking = False                 # the target was reached with no next one: brake
         self.ramp_step, self.ramp_ticks = np.zeros(6), 0  # a new velocity is reached over one period
-        # optional: commands apply `jitter_buffer_ms` after they were sent (0: on arrival), so a paced
-        # sender's commands take effect on its own schedule whatever the scheduling jitter
-        self.buffer_s = float(sim.get("jitter_buffer_ms", 0.0)) / 1e3
         act = self.model.actuator_gainprm[:6, 0]
         self._rne = np.zeros(self.model.nv)
         self.servo_lead_s = -self.model.actuator_biasprm[:6, 2] / act  # kv / kp of the position servos
@@ -248,7 +245,7 @@ class SimArmServer:
         if self._contact_ticks:
             return  # a collision's impact and its stop are counted as collision_stops, not as overshoots
         p = d.site_xpos[self.arm.site]
-        excess = float(np.linalg.norm(np.maximum(self.box_lo - p, 0) + np.maximum(p - self.box_hi, 0)))
+        excess = box_distance_m(p, self.box_lo, self.box_hi)
         self.peaks["peak_box_excess_m"] = max(self.peaks["peak_box_excess_m"], excess)
 
     def _delay(self) -> float:
@@ -271,10 +268,7 @@ class SimArmServer:
                 self.stats["cmds_dropped"] += 1
                 continue
             self.n += 1
-            due = now + self._delay()
-            if op == "cmd":  # the jitter buffer: apply on the sender's schedule, not the arrival's
-                due = max(due, float(msg.get("t_send_s", now)) + self.buffer_s + self._delay())
-            heapq.heappush(self.inbox, (due, self.n, msg))
+            heapq.heappush(self.inbox, (now + self._delay(), self.n, msg))
         while self.inbox and self.inbox[0][0] <= now:
             _, _, msg = heapq.heappop(self.inbox)
             if not self._apply(msg, now):
@@ -568,7 +562,6 @@ class SimArm(Robot):
     def _command(self, cmd: Command) -> None:
         self._seq += 1
         self._send({"op": "cmd", "seq": self._seq, "mode": cmd.mode.value, "values": cmd.values.tolist(),
-                    "velocity_rad_s": None if cmd.velocity_rad_s is None else cmd.velocity_rad_s.tolist(),
                     "gripper_width_m": cmd.gripper_width_m, "gripper_force_n": cmd.gripper_force_n,
                     "ee_target_m": None if cmd.ee_target_m is None else cmd.ee_target_m.tolist(),
                     "t_send_s": time.monotonic()})
