@@ -9,8 +9,8 @@ with an LLMPlanner in mode generate over HTTPBackend, and stops the server. Repo
 seconds per sub-goal (LLM seconds per proposed sub-goal, and suite seconds per sub-goal that reached a
 skill), and the ungrounded sub-goals that reached a skill, which must be 0. It also records what the
 saycan and constrained modes say against this server (they need features it lacks). Writes
-benchmarks/results/planner_transformers_serve-<api>-<time>.json and the JSONL trace of every plan
-under benchmarks/results/planner_transformers_serve/.
+benchmarks/results/planner_transformers_serve-<api>-<time>.json (committed) and the JSONL trace of every
+plan under benchmarks/results/planner_transformers_serve/ (a log, git-ignored).
 """
 from __future__ import annotations
 
