@@ -125,6 +125,8 @@ def fuzz_mode(mode: str, commands: int, seed: int) -> dict:
                 action = make_action("burst" if kind == "reverse" else kind, mode, rng, direction, obs, cfg)
                 robot.send_action(action)
                 sent += 1
+                if sent % 2000 == 0:
+                    print(f"  {mode}: {sent}/{commands} commands, {time.monotonic() - t0:.0f} s", flush=True)
         wall = time.monotonic() - t0
         time.sleep(0.05)
         server = robot.server_state()

@@ -11,3 +11,16 @@ def test_control_loop_quick(tmp_path, run_benchmark):
 def test_policy_server_load_quick(tmp_path, run_benchmark):
     result = run_benchmark("policy_server_load.py", "--quick", "--out", str(tmp_path))
     assert "wrong token refused: True" in result.stdout and "alive after: True" in result.stdout
+
+
+def test_robot_safety_fuzz_quick(run_benchmark):
+    result = run_benchmark("robot_safety_fuzz.py", "--commands", "60", "--modes", "joint_position", "--no-write")
+    assert "joint_position " in result.stdout and "peak speed" in result.stdout
+    assert "process stall" in result.stdout and "reason watchdog" in result.stdout
+    assert "wrote" not in result.stdout                      # a smoke run never overwrites real results
+
+
+def test_server_fuzz_quick(run_benchmark):
+    result = run_benchmark("server_fuzz.py", "--quick")
+    assert "300 malformed requests" in result.stdout and "300 answered, 0 failed checks" in result.stdout
+    assert "wrote" not in result.stdout
