@@ -494,32 +494,84 @@ def is_group_override(override) -> bool:
 def compose_checked(compose: Callable[[list[str]], DictConfig], overrides: list[str]) -> DictConfig:
     """Compose a job's config; Hydra's errors (an unknown key, a missing group option) become one line, with
     "did you mean" for a mistyped key."""
-    from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException
+    from hydra.errors import HydraException
 
     try:
         return compose(overrides)
-    except MissingConfigException as err:
-        raise ConfigError(_first(err) + "; pick one of the options the message lists") from None
-    except (ConfigCompositionException, HydraException) as err:
-        text = str(err)
-        ambiguous = re.search(r"Ambiguous value for argument '([^']+)'", text)
-        if ambiguous:
-            raise ConfigError(f"{ambiguous.group(1)} lists several values; add -m to sweep over them, or write "
-                              f"{ambiguous.group(1).partition('=')[0]}=[a,b] for one list value") from None
-        match = re.search(r"Could not override '([^']+)'", text)
-        if not match:
-            raise ConfigError(f"{_first(err)}; fix that override") from None
-        key = match.group(1)
-        parsed = {o.key_or_group: o for o in parse_overrides(overrides)}
-        value = parsed[key].value() if key in parsed else "..."
-        groups = [o for o in overrides if is_group_override(parse_overrides([o])[0])
-                  and not o.startswith("hydra")]
+    except HydraException as err:
+        raise _composition_error(err, compose, overrides) from None
+
+
+def _composition_error(err: Exception, compose, overrides: list[str]) -> ConfigError:
+    from hydra.errors import MissingConfigException
+
+    if isinstance(err, MissingConfigException):
+        return ConfigError(_first(err) + "; pick one of the options the message lists")
+    text = str(err)
+    ambiguous = re.search(r"Ambiguous value for argument '([^']+)'", text)
+    if ambiguous:
+        return ConfigError(f"{ambiguous.group(1)} lists several values; add -m to sweep over them, or write "
+                           f"{ambiguous.group(1).partition('=')[0]}=[a,b] for one list value")
+    match = re.search(r"Could not override '([^']+)'", text)
+    if not match:
+        return ConfigError(f"{_first(err)}; fix that override")
+    key = match.group(1)
+    parsed = {o.key_or_group: o for o in parse_overrides(overrides)}
+    value = parsed[key].value() if key in parsed else "..."
+    groups = [o for o in overrides if is_group_override(parse_overrides([o])[0]) and not o.startswith("hydra")]
+    try:
+        base = compose(groups)
+    except Exception:  # noqa: BLE001 - fall back to Hydra's words
+        return ConfigError(f"{key} is not a config key ({_first(err)}); fix the name")
+    option = AGENT_OPTION.match(key)
+    if option is not None:  # an agent option: the candidates are the agent's config fields
+        from embodied import agents
+
+        algo = OmegaConf.select(base, f"algo.{option.group(1)}_algo")
         try:
-            base = compose(groups)
-        except Exception:  # noqa: BLE001 - fall back to Hydra's words
-            raise ConfigError(f"{key} is not a config key ({_first(err)}); fix the name") from None
-        candidates = list(_flat(OmegaConf.to_container(base, resolve=False)))
-        raise unknown_key_error(key, value, candidates) from None
+            fields = sorted(f.name for f in dataclasses.fields(agents.config_class(algo)))
+        except Exception:  # noqa: BLE001 - not a registered agent: the generic message below
+            fields = []
+        if fields:
+            guess = suggest(option.group(2), fields)
+            fix = f"did you mean {key.rpartition('.')[0]}.{guess}={_show(value)}?" if guess else "fix its name"
+            return ConfigError(f"{key} is not an option of the {algo} agent; {fix} (valid: {', '.join(fields)})")
+    candidates = list(_flat(OmegaConf.to_container(base, resolve=False)))
+    return unknown_key_error(key, value, candidates)
+
+
+AGENT_OPTION = re.compile(r"^algo\.(offline|online)_agent\.([A-Za-z_]\w*)$")
+
+
+def with_agent_options(compose, overrides: list[str]) -> list[str]:
+    """`algo.offline_agent.expectile=0.9` where the preset does not list `expectile`: Hydra refuses a key its
+    config lacks, yet every field of the agent's config dataclass is a valid option (the registry checks its
+    type). Such overrides get Hydra's `+` (add), so they take effect; anything else is left as given."""
+    from embodied import agents
+
+    wanted = [(i, AGENT_OPTION.match(o.partition("=")[0])) for i, o in enumerate(overrides)
+              if not o.startswith(("+", "~"))]
+    wanted = [(i, m) for i, m in wanted if m is not None]
+    if not wanted:
+        return overrides
+    try:
+        base = compose([o for o in overrides if is_group_override(parse_overrides([o])[0])
+                        and not o.startswith("hydra")])
+    except Exception:  # noqa: BLE001 - the checks that follow report the composition error
+        return overrides
+    out = list(overrides)
+    for i, match in wanted:
+        side, name = match.groups()
+        agent_options = OmegaConf.select(base, f"algo.{side}_agent")
+        if agent_options is None or name in agent_options:
+            continue
+        try:
+            fields = {f.name for f in dataclasses.fields(agents.config_class(OmegaConf.select(base, f"algo.{side}_algo")))}
+        except Exception:  # noqa: BLE001 - no such agent: the usual unknown-key error follows
+            continue
+        if name in fields:
+            out[i] = "+" + overrides[i]
+    return out
 
 
 def _first(err: BaseException) -> str:

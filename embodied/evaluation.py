@@ -1,7 +1,8 @@
-"""Policy evaluation: N episodes stepped in lock-step so the actor runs batched, D4RL-normalised
+"""Policy evaluation, for step and chunk policies alike: N episodes stepped in lock-step so the actor runs batched, D4RL-normalised
 scores, success rates, Monte-Carlo returns for critic calibration, and mp4 videos."""
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -11,8 +12,10 @@ import numpy as np
 import sims
 from embodied.data.dataset import discounted_return_to_go
 from policies.base import STATE_KEY
+from policies.executors import OpenLoopExecutor
 
 BatchPolicy = Callable[[np.ndarray], np.ndarray]  # [B, obs] -> [B, A]
+ChunkPolicy = Callable[[np.ndarray], np.ndarray]  # [B, To, obs] -> [B, H, A]
 
 
 @dataclass
@@ -40,30 +43,94 @@ class EvalResult:
         return out
 
 
-def evaluate(env_name: str, policy: BatchPolicy, episodes: int, seed: int, gamma: float = 0.99,
+class ChunkActor:
+    """One env's acting state: observation history plus an open-loop executor over chunks.
+
+    A step policy is the special case obs_horizon = execute_horizon = 1."""
+
+    def __init__(self, chunk_fn, obs_horizon: int, execute_horizon: int):
+        self.chunk_fn, self.obs_horizon = chunk_fn, obs_horizon
+        self.executor = OpenLoopExecutor(execute_horizon)
+        self.history: deque = deque(maxlen=obs_horizon)
+        self.step = 0
+
+    def reset(self) -> None:
+        self.executor.reset()
+        self.history.clear()
+        self.step = 0
+
+    def observe(self, state: np.ndarray) -> bool:
+        """Append the current state; True when the executor wants a fresh chunk for this step."""
+        state = np.asarray(state, np.float32)
+        if not self.history:
+            self.history.extend([state] * self.obs_horizon)
+        self.history.append(state)
+        return self.executor.wants_chunk(self.step)
+
+    def push(self, chunk: np.ndarray) -> None:
+        self.executor.push(chunk, self.step)
+
+    def next_action(self) -> np.ndarray:
+        action = self.executor.next_action(self.step)
+        self.step += 1
+        return action
+
+    def __call__(self, state: np.ndarray) -> np.ndarray:
+        if self.observe(state):
+            self.push(self.chunk_fn(np.stack(self.history)[None])[0])
+        return self.next_action()
+
+
+def step_chunks(policy: BatchPolicy) -> ChunkPolicy:
+    """A step policy as a chunk policy with To = H = 1."""
+    return lambda obs_seq: np.asarray(policy(obs_seq[:, -1]), np.float32)[:, None]
+
+
+def evaluate(env_name: str, policy: BatchPolicy | None, episodes: int, seed: int, gamma: float = 0.99,
              reward_transform: Callable[[np.ndarray], np.ndarray] = lambda r: r, env_kwargs: dict | None = None,
-             envs: list | None = None) -> EvalResult:
-    """Run `episodes` episodes of `policy` (deterministic is the caller's choice) in lock-step."""
-    envs = envs or eval_envs(env_name, episodes, env_kwargs)
-    states = np.stack([env.reset(seed=seed + i)[0][STATE_KEY] for i, env in enumerate(envs[:episodes])])
-    alive = np.ones(episodes, bool)
+             chunk_policy: ChunkPolicy | None = None, obs_horizon: int = 1, execute_horizon: int = 1,
+             max_envs: int | None = None) -> EvalResult:
+    """Run `episodes` episodes in lock-step, one batched policy call for every env that needs an action.
+
+    Pass a step `policy` ([B, obs] -> [B, A]), or a `chunk_policy` ([B, To, obs] -> [B, H, A]) with its
+    horizons: each env executes its chunk open-loop and asks for the next one after `execute_horizon`
+    actions. At most `max_envs` envs exist at once (episodes run in waves; a manipulation env holds
+    ~100 MB); None runs every episode at once. Deterministic acting is the caller's choice."""
+    if (policy is None) == (chunk_policy is None):
+        raise TypeError("evaluate takes exactly one of policy= and chunk_policy=")
+    if chunk_policy is None:
+        chunk_policy, obs_horizon, execute_horizon = step_chunks(policy), 1, 1
+    width = max(1, min(episodes, max_envs or episodes))
+    envs = eval_envs(env_name, width, env_kwargs)
     returns, lengths, successes = np.zeros(episodes), np.zeros(episodes, int), np.zeros(episodes, bool)
-    traj_states, traj_actions, traj_rewards = [[] for _ in range(episodes)], [[] for _ in range(episodes)], [[] for _ in range(episodes)]
-    while alive.any():
-        index = np.flatnonzero(alive)
-        actions = np.asarray(policy(states[index]), dtype=np.float32)
-        for row, i in enumerate(index):
-            obs, reward, terminated, truncated, info = envs[i].step(actions[row])
-            traj_states[i].append(states[i].copy())
-            traj_actions[i].append(actions[row])
-            traj_rewards[i].append(reward)
-            returns[i] += reward
-            lengths[i] += 1
-            successes[i] |= bool(info.get("success", False))
-            states[i] = obs[STATE_KEY]
-            if terminated or truncated:
-                alive[i] = False
-    return episode_result(env_name, returns, lengths, successes, traj_states, traj_actions, traj_rewards, gamma,
+    traj = [([], [], []) for _ in range(episodes)]
+    for first in range(0, episodes, width):
+        wave = list(range(first, min(first + width, episodes)))
+        actors = [ChunkActor(None, obs_horizon, execute_horizon) for _ in wave]
+        states = [envs[j].reset(seed=seed + i)[0][STATE_KEY] for j, i in enumerate(wave)]
+        alive = np.ones(len(wave), bool)
+        while alive.any():
+            index = np.flatnonzero(alive)
+            need = [j for j in index if actors[j].observe(states[j])]  # histories first, then one batched call
+            if need:
+                chunks = chunk_policy(np.stack([np.stack(actors[j].history) for j in need]))
+                for row, j in enumerate(need):
+                    actors[j].push(chunks[row])
+            for j in index:
+                i = wave[j]
+                action = actors[j].next_action()
+                obs, reward, terminated, truncated, info = envs[j].step(action)
+                traj[i][0].append(np.asarray(states[j], np.float32).copy())
+                traj[i][1].append(action)
+                traj[i][2].append(reward)
+                returns[i] += reward
+                lengths[i] += 1
+                successes[i] |= bool(info.get("success", False))
+                states[j] = obs[STATE_KEY]
+                if terminated or truncated:
+                    alive[j] = False
+    ep_states, ep_actions, ep_rewards = zip(*traj)
+    return episode_result(env_name, returns, lengths, successes, ep_states, ep_actions, ep_rewards, gamma,
                           reward_transform)
 
 

@@ -19,7 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from embodied.config_check import (check_config, compose_checked, expand_jobs, parse_overrides, read_saved_run,
-                                   resume_config)
+                                   resume_config, with_agent_options)
 from embodied.errors import ConfigError, UserError, exit_on_user_error
 from embodied.summary import STATUS_FILE
 
@@ -149,7 +149,8 @@ def run(cfg: DictConfig, run_dir: Path, on_start=None) -> dict:
 
     Every config value, and with resume=true every file of the checkpoint to continue from, is checked before
     any work starts or anything in `run_dir` is written; `on_start()` is called once those checks passed."""
-    from embodied.agents.runner import Runner, check_checkpoint_config, find_checkpoints, read_checkpoint
+    from embodied.agents.runner import Runner
+    from embodied.checkpoints import check_checkpoint_config, find_checkpoints, read_checkpoint
     from embodied.logging import RunLogger
     from embodied.plots import learning_curve
 
@@ -159,7 +160,7 @@ def run(cfg: DictConfig, run_dir: Path, on_start=None) -> dict:
     checkpoint = None
     if cfg.resume and find_checkpoints(run_dir):
         checkpoint = read_checkpoint(find_checkpoints(run_dir)[-1])
-        check_checkpoint_config(checkpoint, rcfg)
+        check_checkpoint_config(checkpoint, dataclasses.asdict(rcfg))
     if on_start is not None:
         on_start()
     torch.set_num_threads(cfg.threads)
@@ -320,6 +321,7 @@ def prepare_cli(args: list[str]) -> list[str]:
     run_dir = next((o.value() for o in parsed if o.key_or_group == "hydra.run.dir"), None)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
         compose_fn = lambda o: compose(config_name="train", overrides=o)
+        overrides = with_agent_options(compose_fn, overrides)
         if multirun:
             for job in expand_jobs(overrides):
                 compose_checked(compose_fn, job)

@@ -72,12 +72,15 @@ def spec(name: str) -> TaskSpec:
 
 
 def make(
-    name: str, *, seed: int | None = None, render: bool = False, render_size: int = 128, **kwargs
+    name: str, *, seed: int | None = None, render: bool = False, render_size: int = 128,
+    execute_horizon: int | None = None, **kwargs
 ) -> gymnasium.Env:
     """Build a task with the contract's dict observations and [-1, 1] actions.
 
     `seed` seeds the env (one reset) and its action space: later `reset()` calls are reproducible.
     `render=True` gives uint8 HWC frames of render_size x render_size from `env.render()`.
+    `execute_horizon=k` makes `step` take an action chunk [H, A] and run its first k rows open-loop
+    (`wrappers.ChunkedActionWrapper`; info["executed"] says how many ran before the episode ended).
     """
     task = _task(name)
     render_mode = "rgb_array" if render else None
@@ -88,6 +91,8 @@ def make(
         wrappers.disable_costly_rendering(env)
     if task.finish is not None:
         env = task.finish(env)
+    if execute_horizon is not None:
+        env = wrappers.ChunkedActionWrapper(env, execute_horizon)
     if seed is not None:
         env.reset(seed=seed)
         env.action_space.seed(seed)

@@ -1,6 +1,7 @@
 """Config values checked before any work starts, resume with the run's own config, checkpoint files validated."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -13,8 +14,9 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from embodied.agents.runner import (CHECKPOINT_STATE_KEYS, RunnerConfig, _write_folder, check_checkpoint_config,
-                                    read_checkpoint)
+from embodied.agents.runner import RunnerConfig
+from embodied.checkpoints import (CHECKPOINT_STATE_KEYS, check_checkpoint_config, read_checkpoint,
+                                  write_folder as _write_folder)
 from embodied.config_check import resume_config
 from embodied.errors import CheckpointError, ConfigError
 from embodied.train import CONF_DIR, main, prepare_cli
@@ -36,7 +38,7 @@ BAD_VALUES = {
     "algo.utdd=4": "algo.utdd is not a config key (did you mean algo.utd?); fix the name: algo.utd=4",
     "+algo.utdd=4": "algo.utdd is not a config key (did you mean algo.utd?)",
     "buget.online_steps=5": "buget.online_steps is not a config key (did you mean budget.online_steps?)",
-    "algo.online_agent.actor_lrr=1e-4": "did you mean algo.online_agent.actor_lr?",
+    "algo.online_agent.actor_lrr=1e-4": "not an option of the sac agent; did you mean algo.online_agent.actor_lr=0.0001?",
     "+foo=1": "foo is not a config key (nothing reads it); remove it",
     "eval.episodes=0": "eval.episodes=0 must be an integer >= 1; set eval.episodes=",
     "env.gamma=1.5": "env.gamma=1.5 must be a number in (0, 1]; set env.gamma=0.99",
@@ -217,5 +219,22 @@ def test_a_checkpoint_of_another_config_is_named_not_a_size_mismatch(tmp_path):
     saved = json.loads(json.dumps(RunnerConfig(env="hopper", online_agent={"hidden": [64, 64]}).__dict__))
     ckpt = read_checkpoint(write_checkpoint(tmp_path, 100, config=saved))
     with pytest.raises(CheckpointError, match=r"online_agent.hidden \(checkpoint \[64, 64\], this run \[256, 256\]\)"):
-        check_checkpoint_config(ckpt, cfg)
-    check_checkpoint_config(ckpt, RunnerConfig(env="hopper", online_agent={"hidden": [64, 64]}))
+        check_checkpoint_config(ckpt, dataclasses.asdict(cfg))
+    check_checkpoint_config(ckpt, dataclasses.asdict(RunnerConfig(env="hopper", online_agent={"hidden": [64, 64]})))
+
+
+def test_an_agent_option_the_preset_does_not_list_takes_effect():
+    """`algo=iql algo.offline_agent.expectile=0.9`: the iql preset lists no options, and Hydra refused the key
+    with an error that suggested a nonsense fix; any field of the agent's config is an option."""
+    args = prepare_cli(["algo=iql", "algo.offline_agent.expectile=0.9", "algo.offline_agent.beta=10.0"])
+    assert "+algo.offline_agent.expectile=0.9" in args and "+algo.offline_agent.beta=10.0" in args
+    from hydra import compose, initialize_config_dir
+
+    from embodied.train import runner_config
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=args)
+    assert runner_config(cfg).offline_agent["expectile"] == 0.9
+    with pytest.raises(ConfigError, match=r"not an option of the iql agent; did you mean "
+                                          r"algo\.offline_agent\.expectile=0\.9\?"):
+        prepare_cli(["algo=iql", "algo.offline_agent.expectil=0.9"])

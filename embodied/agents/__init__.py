@@ -10,21 +10,30 @@ import importlib
 
 from embodied.errors import ConfigError
 
-# name -> (module, agent class, config class, preset values: the preset's defaults, below the user's options)
+# name -> (agent class, config class, preset values: the preset's defaults, below the user's options)
 _AGENTS = {
-    "sac": ("embodied.agents.sac", "SAC", "SACConfig", {}),
-    "cql": ("embodied.agents.cql", "CQL", "CQLConfig", {"calql": False}),
-    "calql": ("embodied.agents.cql", "CQL", "CQLConfig", {"calql": True}),
-    "iql": ("embodied.agents.iql", "IQL", "IQLConfig", {}),
-    "bc": ("embodied.agents.bc", "BC", "BCConfig", {}),
+    "sac": ("embodied.agents.sac:SAC", "embodied.agents.sac:SACConfig", {}),
+    "cql": ("embodied.agents.cql:CQL", "embodied.agents.cql:CQLConfig", {"calql": False}),
+    "calql": ("embodied.agents.cql:CQL", "embodied.agents.cql:CQLConfig", {"calql": True}),
+    "iql": ("embodied.agents.iql:IQL", "embodied.agents.iql:IQLConfig", {}),
+    "bc": ("embodied.agents.bc:BC", "embodied.agents.bc:BCConfig", {}),
     # generative chunk policies (policies/diffusion.py, policies/flow.py) and their RL fine-tuning
-    "bc_diffusion": ("embodied.agents.bc_generative", "GenerativeBC", "GenerativeBCConfig", {"policy": "diffusion"}),
-    "bc_flow": ("embodied.agents.bc_generative", "GenerativeBC", "GenerativeBCConfig", {"policy": "flow"}),
-    "fql": ("embodied.agents.fql", "FQL", "FQLConfig", {"horizon": 1, "extraction": "distill"}),
-    "qc": ("embodied.agents.qchunk", "QChunking", "QCConfig", {"extraction": "best_of_n"}),
-    "qc_fql": ("embodied.agents.qchunk", "QChunking", "QCConfig", {"extraction": "distill"}),
-    "dppo": ("embodied.agents.dppo", "DPPO", "DPPOConfig", {}),   # online phase of dppo.DPPORunner
+    "bc_diffusion": ("embodied.agents.bc_generative:GenerativeBC", "embodied.agents.bc_generative:GenerativeBCConfig",
+                     {"policy": "diffusion"}),
+    "bc_flow": ("embodied.agents.bc_generative:GenerativeBC", "embodied.agents.bc_generative:GenerativeBCConfig",
+                {"policy": "flow"}),
+    "fql": ("embodied.agents.fql:FQL", "embodied.agents.fql:FQLConfig", {"horizon": 1, "extraction": "distill"}),
+    # Q-chunking is FQL's learner with Q-chunking's defaults (qchunk.QCConfig)
+    "qc": ("embodied.agents.fql:FQL", "embodied.agents.qchunk:QCConfig", {"extraction": "best_of_n"}),
+    "qc_fql": ("embodied.agents.fql:FQL", "embodied.agents.qchunk:QCConfig", {"extraction": "distill"}),
+    "dppo": ("embodied.agents.dppo:DPPO", "embodied.agents.dppo:DPPOConfig", {}),   # online phase of dppo.DPPORunner
+    "tdmpc2": ("embodied.agents.tdmpc2:TDMPC2", "embodied.agents.tdmpc2:TDMPC2Config", {}),  # world model + MPPI
 }
+
+
+def _load(path: str):
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def names() -> list[str]:
@@ -32,15 +41,14 @@ def names() -> list[str]:
 
 
 def config_class(name: str):
-    module, _, config_name, _ = _lookup(name)
-    return getattr(importlib.import_module(module), config_name)
+    return _load(_lookup(name)[1])
 
 
 # How the online phase continues from the offline agent (the switch). "same" keeps the offline agent and its
 # loss; "sac" swaps the loss to SAC on the pretrained networks (WSRL, naive, Cal-QL -> SAC); "dppo" runs
 # PPO through a pretrained diffusion policy's denoising chain. Without pretraining any agent may learn online.
 SWITCHES = {
-    "same": {"cql", "calql", "iql", "bc", "bc_diffusion", "bc_flow", "fql", "qc", "qc_fql"},
+    "same": {"cql", "calql", "iql", "bc", "bc_diffusion", "bc_flow", "fql", "qc", "qc_fql", "tdmpc2"},
     "sac": {"cql", "calql", "iql", "bc", "sac"},
     "dppo": {"bc_diffusion"},
 }
@@ -68,8 +76,8 @@ def make_config(name: str, overrides: dict | None = None):
     """A config dataclass: its defaults, then the registry's preset values, then `overrides`.
 
     Unknown keys and values of the wrong type are errors that name the key."""
-    module, _, config_name, preset = _lookup(name)
-    cls = getattr(importlib.import_module(module), config_name)
+    _, config_path, preset = _lookup(name)
+    cls = _load(config_path)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     values = {**preset, **(overrides or {})}
     unknown = sorted(set(values) - set(fields))
@@ -96,9 +104,7 @@ def _check_type(agent: str, key: str, value, default) -> None:
 
 
 def make(name: str, obs_dim: int, act_dim: int, overrides: dict | None = None, device: str = "cpu", seed: int = 0):
-    module, class_name, _, _ = _lookup(name)
-    cls = getattr(importlib.import_module(module), class_name)
-    return cls(obs_dim, act_dim, make_config(name, overrides), device=device, seed=seed)
+    return _load(_lookup(name)[0])(obs_dim, act_dim, make_config(name, overrides), device=device, seed=seed)
 
 
 def _lookup(name: str):

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from embodied.agents.nets import TensorCheckpoint, adam, to_torch, tune_allocator
+from embodied.agents.base import Agent
+from embodied.agents.nets import adam, to_torch
 from policies.gaussian import TanhGaussianPolicy
 
 
@@ -23,12 +24,9 @@ class BCConfig:
     state_dependent_std: bool = True   # like SAC's actor, so the policy can be fine-tuned by SAC as is
 
 
-class BC(TensorCheckpoint):
+class BC(Agent):
     def __init__(self, obs_dim: int, act_dim: int, cfg: BCConfig = BCConfig(), device: str = "cpu", seed: int = 0):
-        self.cfg, self.device = cfg, torch.device(device)
-        if self.device.type == "cpu":
-            tune_allocator()  # large activations stop page-faulting on every update
-        self.obs_dim, self.act_dim = obs_dim, act_dim
+        super().__init__(obs_dim, act_dim, cfg, device, seed)
         self.actor = TanhGaussianPolicy(obs_dim, act_dim, cfg.hidden, state_dependent_std=cfg.state_dependent_std)
         self.actor.to(self.device)
         self.actor_optimizer = adam(self.actor.parameters(), cfg.lr)

@@ -18,7 +18,8 @@ import torch
 
 import policies
 from embodied.agents.chunking import GenerativeChunkActing, obs_sequence
-from embodied.agents.nets import TensorCheckpoint, to_torch, tune_allocator
+from embodied.agents.base import Agent
+from embodied.agents.nets import to_torch
 from embodied.errors import ConfigError
 
 
@@ -37,16 +38,13 @@ class GenerativeBCConfig:
     distill_weight: float = 1.0               # flow only: train the one-step head alongside
 
 
-class GenerativeBC(GenerativeChunkActing, TensorCheckpoint):
+class GenerativeBC(GenerativeChunkActing, Agent):
     def __init__(self, obs_dim: int, act_dim: int, cfg: GenerativeBCConfig = GenerativeBCConfig(), device: str = "cpu",
                  seed: int = 0):
         if cfg.policy not in ("diffusion", "flow"):
             raise ConfigError(f"policy={cfg.policy!r} must be diffusion or flow")
-        self.cfg, self.device = cfg, torch.device(device)
-        if self.device.type == "cpu":
-            tune_allocator()
-        torch.manual_seed(seed)
-        self.obs_dim, self.act_dim = obs_dim, act_dim
+        super().__init__(obs_dim, act_dim, cfg, device, seed)
+        torch.manual_seed(seed)  # network init
         self.actor = policies.make(cfg.policy, obs_dim=obs_dim, act_dim=act_dim, obs_horizon=cfg.obs_horizon,
                                    pred_horizon=cfg.pred_horizon, execute_horizon=cfg.execute_horizon,
                                    denoiser=cfg.denoiser, denoiser_kwargs=dict(cfg.denoiser_kwargs),

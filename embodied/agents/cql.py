@@ -88,6 +88,7 @@ def cql_penalty(q_data: torch.Tensor, q_random: torch.Tensor, q_pi: torch.Tensor
 
 class CQL(SAC):
     """SAC + conservative penalty. Public attributes match SAC, so `SAC.from_agent(cql, ...)` switches losses."""
+    scalars = ("log_alpha", "log_cql_alpha")
 
     def __init__(self, obs_dim: int, act_dim: int, cfg: CQLConfig = CQLConfig(), device: str = "cpu", seed: int = 0):
         super().__init__(obs_dim, act_dim, cfg, device, seed)

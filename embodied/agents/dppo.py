@@ -11,8 +11,8 @@ the chain is itself an MDP and PPO applies to it. What this file implements:
   denoising step. The env-step advantage (GAE with a V(s) critic over env decisions, i.e. chunks)
   is discounted by gamma_denoise^(K-1-j) for fine-tuned step j, and the clip ratio grows from
   `clip_ratio_base` at the first fine-tuned step to `clip_ratio` at the last one (exponential schedule).
-- Rollouts from `n_envs` vectorised envs (gymnasium SyncVectorEnv, or AsyncVectorEnv with spawn),
-  each executing its chunk open-loop through `sims.wrappers.ChunkedActionWrapper`.
+- Rollouts from `n_envs` vectorised envs (`sims.vector.make_vec`, in-process or in workers), each
+  executing its chunk open-loop (`sims.make(..., execute_horizon=k)`).
 
 `DPPORunner` is the offline->online runner with DPPO as its online phase: BC-diffusion pretraining (or a
 checkpoint), then on-policy fine-tuning, evaluated and summarised exactly like the other presets.
@@ -22,16 +22,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import gymnasium
 import numpy as np
 import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-import sims
+import sims.vector
 from embodied import agents
 from embodied.agents.chunking import GenerativeChunkActing
-from embodied.agents.nets import TensorCheckpoint, ValueEnsemble, adam, to_torch, tune_allocator
+from embodied.agents.base import Agent
+from embodied.agents.nets import ValueEnsemble, adam, to_torch
 from embodied.agents.runner import Runner, _mean
 from embodied.errors import ConfigError
 from policies.base import STATE_KEY
@@ -81,17 +81,14 @@ def clip_ratios(cfg: DPPOConfig) -> torch.Tensor:
     return (cfg.clip_ratio_base + (cfg.clip_ratio - cfg.clip_ratio_base) * grow).float()
 
 
-class DPPO(GenerativeChunkActing, TensorCheckpoint):
+class DPPO(GenerativeChunkActing, Agent):
     def __init__(self, obs_dim: int, act_dim: int, cfg: DPPOConfig = DPPOConfig(), device: str = "cpu", seed: int = 0,
                  base: DiffusionPolicy | None = None):
         if not 1 <= cfg.ft_denoising_steps <= cfg.denoising_steps:
             raise ConfigError(f"algo ft_denoising_steps={cfg.ft_denoising_steps} must be in [1, denoising_steps="
                               f"{cfg.denoising_steps}]")
-        self.cfg, self.device = cfg, torch.device(device)
-        if self.device.type == "cpu":
-            tune_allocator()
-        torch.manual_seed(seed)
-        self.obs_dim, self.act_dim = obs_dim, act_dim
+        super().__init__(obs_dim, act_dim, cfg, device, seed)
+        torch.manual_seed(seed)  # network init
         if base is None:
             base = DiffusionPolicy(obs_dim, act_dim, obs_horizon=cfg.obs_horizon, pred_horizon=cfg.pred_horizon,
                                    execute_horizon=cfg.execute_horizon, denoiser=cfg.denoiser,
@@ -224,16 +221,6 @@ def gae(rewards: np.ndarray, values: np.ndarray, next_values: np.ndarray, termin
     return adv, adv + values
 
 
-def make_vector_env(env_name: str, n_envs: int, execute_horizon: int, async_envs: bool = False):
-    from sims.wrappers import ChunkedActionWrapper
-
-    fns = [lambda: ChunkedActionWrapper(sims.make(env_name), execute_horizon) for _ in range(n_envs)]
-    mode = gymnasium.vector.AutoresetMode.SAME_STEP
-    if async_envs:
-        return gymnasium.vector.AsyncVectorEnv(fns, context="spawn", autoreset_mode=mode)
-    return gymnasium.vector.SyncVectorEnv(fns, autoreset_mode=mode)
-
-
 def _per_env(info: dict, key: str, n: int, default) -> np.ndarray:
     """A step-info value per env under SAME_STEP autoreset (finished envs report it in final_info)."""
     out = np.full(n, default)
@@ -256,6 +243,13 @@ class RunningReturnStd:
         self.count, self.mean, self.m2 = 0, 0.0, 0.0
         self.min_count = 100
 
+    def state_dict(self) -> dict:
+        return {"ret": self.ret.tolist(), "count": self.count, "mean": self.mean, "m2": self.m2}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ret = np.asarray(state["ret"], np.float64)
+        self.count, self.mean, self.m2 = int(state["count"]), float(state["mean"]), float(state["m2"])
+
     def __call__(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
         self.ret = self.ret * self.gamma + reward
         for x in self.ret:  # Welford
@@ -269,27 +263,57 @@ class RunningReturnStd:
         return (reward / max(std, 1e-2)).astype(np.float32)
 
 
+@dataclass
+class DPPOLoop:
+    """Everything DPPO's online phase carries from one rollout to the next, saved with every checkpoint:
+    PPO iterations done (the critic warmup counts them), each env's running episode return, the
+    return normaliser, and how many checkpoints were written (they fall on rollout boundaries)."""
+    n_envs: int
+    gamma: float
+    iteration: int = 0
+    checkpoints_written: int = 0
+
+    def __post_init__(self):
+        self.episode_return = np.zeros(self.n_envs)
+        self.return_norm = RunningReturnStd(self.n_envs, self.gamma)
+
+    def state_dict(self) -> dict:
+        return {"iteration": self.iteration, "checkpoints_written": self.checkpoints_written,
+                "episode_return": self.episode_return.tolist(), "return_norm": self.return_norm.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.iteration, self.checkpoints_written = int(state["iteration"]), int(state["checkpoints_written"])
+        self.episode_return = np.asarray(state["episode_return"], np.float64)
+        self.return_norm.load_state_dict(state["return_norm"])
+
+
 class DPPORunner(Runner):
     """The offline->online runner with DPPO online (on-policy, vectorised envs, no replay learning)."""
 
-    def _switch(self) -> None:
+    def _online_agent(self):
         cfg = self.cfg
-        self._freeze_pretrained()
         dcfg = agents.make_config("dppo", cfg.online_agent)
         base = self.offline_agent.actor if self.offline_agent is not None else None
-        self.agent = DPPO(self.spec.obs_dim, self.spec.act_dim, dcfg, cfg.device, cfg.seed, base=base)
+        agent = DPPO(self.spec.obs_dim, self.spec.act_dim, dcfg, cfg.device, cfg.seed, base=base)
         if base is None:
-            self._fit_normalization(self.agent.actor)
-        self.phase, self.switched = "online", True
-        self.logger.log({"switch/offline_steps": self.offline_step, "total_step": self.offline_step,
-                         "switch/end_of_offline_score": (self.end_of_offline or {}).get("eval/score")},
-                        step=0, phase="online", kind="switch")
+            self._fit_normalization(agent.actor)
+        self.loop = DPPOLoop(dcfg.n_envs, dcfg.gamma)
+        return agent
+
+    def loop_state(self) -> dict | None:
+        return self.loop.state_dict() if getattr(self, "loop", None) is not None else None
+
+    def load_loop_state(self, state: dict | None) -> None:
+        if state is not None:
+            self.loop.load_state_dict(state)
 
     def _run_online(self) -> None:
         cfg, agent = self.cfg, self.agent
         dcfg = agent.cfg
         n, to = dcfg.n_envs, agent.obs_horizon
-        envs = make_vector_env(cfg.env, n, agent.execute_horizon, dcfg.async_envs)
+        envs = sims.vector.make_vec(cfg.env, n, asynchronous=dcfg.async_envs, autoreset="same_step",
+                                    execute_horizon=agent.execute_horizon)
+        loop = self.loop
         obs, _ = envs.reset(seed=cfg.seed + 7 + self.online_step)
         states = obs[STATE_KEY]
         history = np.repeat(states[:, None], to, 1)  # [E, To, obs]
@@ -297,7 +321,6 @@ class DPPORunner(Runner):
             self.evaluate(0, self.offline_step)
         next_eval = (self.online_step // cfg.eval_every_online + 1) * cfg.eval_every_online
         window = []
-        scale = RunningReturnStd(n, dcfg.gamma) if dcfg.reward_norm else None
         bar = tqdm(total=cfg.online_steps, initial=self.online_step, desc="online dppo", disable=not self.progress,
                    dynamic_ncols=True)
         while self.online_step < cfg.online_steps:
@@ -313,7 +336,7 @@ class DPPORunner(Runner):
                 obs, reward, terminated, truncated, info = envs.step(rows)
                 executed = _per_env(info, "executed", n, agent.execute_horizon).astype(np.int64)
                 success = _per_env(info, "success", n, False).astype(bool)
-                reward = cfg.reward_scale * np.asarray(reward, np.float32) + cfg.reward_bias * executed
+                reward = self.rewards(reward, steps=executed)
                 next_states = obs[STATE_KEY].copy()
                 done = np.asarray(terminated) | np.asarray(truncated)
                 after = next_states.copy()  # the state after the decision (final obs when the episode ended)
@@ -328,7 +351,7 @@ class DPPORunner(Runner):
                 for key, value in (("cond", cond), ("latents", latents), ("old_log_probs", old), ("values", values),
                                    ("next_values", next_values)):
                     roll[key].append(value.cpu().numpy())
-                roll["rewards"].append(scale(reward, done) if scale is not None else reward.astype(np.float32))
+                roll["rewards"].append(loop.return_norm(reward, done) if dcfg.reward_norm else reward.astype(np.float32))
                 roll["terminals"].append(np.asarray(terminated, np.float32))
                 roll["dones"].append(done.astype(np.float32))
                 self._episode_bookkeeping(reward, executed, done, success)
@@ -343,11 +366,10 @@ class DPPORunner(Runner):
             adv, ret = gae(arrays["rewards"], arrays["values"], arrays["next_values"], arrays["terminals"],
                            arrays["dones"], dcfg.gamma, dcfg.gae_lambda)
             flat = lambda x: x.reshape(-1, *x.shape[2:])
-            iteration = getattr(self, "_iteration", 0)
-            self._iteration = iteration + 1
             window.append(agent.update({"cond": flat(arrays["cond"]), "latents": flat(arrays["latents"]),
                                         "old_log_probs": flat(arrays["old_log_probs"]), "advantages": adv.reshape(-1),
-                                        "returns": ret.reshape(-1)}, actor=iteration >= dcfg.critic_warmup_iters))
+                                        "returns": ret.reshape(-1)}, actor=loop.iteration >= dcfg.critic_warmup_iters))
+            loop.iteration += 1
             step = min(self.online_step, cfg.online_steps)
             self.logger.log({**_mean(window), "online/env_steps": self.online_step, "total_step": self.offline_step + step},
                             step=step, phase="online", kind="train")
@@ -361,21 +383,19 @@ class DPPORunner(Runner):
         bar.close()
 
     def _episode_bookkeeping(self, reward: np.ndarray, executed: np.ndarray, done: np.ndarray, success: np.ndarray) -> None:
-        if not hasattr(self, "_ep_return"):
-            self._ep_return = np.zeros(len(reward))
-        raw = (reward - self.cfg.reward_bias * executed) / (self.cfg.reward_scale or 1.0)
-        self._ep_return += raw
+        loop = self.loop
+        loop.episode_return += self.rewards.raw(reward, steps=executed)
         for i in np.flatnonzero(done):
             self.episodes_done += 1
             total = self.offline_step + self.online_step
-            self.logger.log({"online/episode_return": float(self._ep_return[i]), "online/success": float(success[i]),
+            self.logger.log({"online/episode_return": float(loop.episode_return[i]), "online/success": float(success[i]),
                              "total_step": total}, step=self.online_step, phase="online", kind="train")
-            self._ep_return[i] = 0.0
+            loop.episode_return[i] = 0.0
 
     def _maybe_checkpoint_crossing(self, total_step: int) -> None:
         every = self.cfg.checkpoint_every
-        if every > 0 and total_step // every > getattr(self, "_last_ckpt", 0):
-            self._last_ckpt = total_step // every
+        if every > 0 and total_step // every > self.loop.checkpoints_written:
+            self.loop.checkpoints_written = total_step // every
             self.save_checkpoint(total_step)
 
     def learning_start(self) -> int:

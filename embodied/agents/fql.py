@@ -23,7 +23,8 @@ from torch.nn import functional as F
 
 import policies
 from embodied.agents.chunking import chunk_td_target
-from embodied.agents.nets import CriticEnsemble, TensorCheckpoint, adam, soft_update, to_torch, tune_allocator
+from embodied.agents.base import Agent
+from embodied.agents.nets import CriticEnsemble, adam, soft_update, to_torch
 from embodied.errors import ConfigError
 
 EXTRACTIONS = ("distill", "best_of_n")
@@ -46,17 +47,14 @@ class FQLConfig:
     normalize_q_loss: bool = True
 
 
-class FQL(TensorCheckpoint):
+class FQL(Agent):
     def __init__(self, obs_dim: int, act_dim: int, cfg: FQLConfig = FQLConfig(), device: str = "cpu", seed: int = 0):
         if cfg.extraction not in EXTRACTIONS:
             raise ConfigError(f"algo extraction={cfg.extraction!r} is unknown; valid: {', '.join(EXTRACTIONS)}")
         if cfg.horizon < 1 or cfg.num_samples < 1 or cfg.q_agg not in ("mean", "min"):
             raise ConfigError("algo horizon and num_samples must be >= 1 and q_agg one of mean, min")
-        self.cfg, self.device = cfg, torch.device(device)
-        if self.device.type == "cpu":
-            tune_allocator()
-        torch.manual_seed(seed)
-        self.obs_dim, self.act_dim = obs_dim, act_dim
+        super().__init__(obs_dim, act_dim, cfg, device, seed)
+        torch.manual_seed(seed)  # network init
         self.chunk_horizon = self.execute_horizon = cfg.horizon
         self.obs_horizon = 1
         mlp = {"hidden": list(cfg.hidden)}

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from embodied.agents.nets import CriticEnsemble, TensorCheckpoint, ValueEnsemble, adam, mean_q, soft_update, to_torch, tune_allocator
+from embodied.agents.base import Agent
+from embodied.agents.nets import CriticEnsemble, ValueEnsemble, adam, mean_q, soft_update, to_torch
 from policies.gaussian import TanhGaussianPolicy
 
 
@@ -45,13 +46,9 @@ def expectile_loss(diff: torch.Tensor, expectile: float) -> torch.Tensor:
     return (weight * diff ** 2).mean()
 
 
-class IQL(TensorCheckpoint):
+class IQL(Agent):
     def __init__(self, obs_dim: int, act_dim: int, cfg: IQLConfig = IQLConfig(), device: str = "cpu", seed: int = 0):
-        self.cfg, self.device = cfg, torch.device(device)
-        if self.device.type == "cpu":
-            tune_allocator()  # large activations stop page-faulting on every update
-        self.obs_dim, self.act_dim = obs_dim, act_dim
-        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        super().__init__(obs_dim, act_dim, cfg, device, seed)
         self.actor = TanhGaussianPolicy(obs_dim, act_dim, cfg.hidden, state_dependent_std=False).to(self.device)
         self.critic = CriticEnsemble(obs_dim, act_dim, cfg.hidden, cfg.num_critics, cfg.critic_layernorm).to(self.device)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)

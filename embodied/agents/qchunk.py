@@ -14,13 +14,14 @@ same chunks):
 - "best_of_n" (QC): sample N = 32 chunks from the flow policy, keep the argmax of Q; also for targets.
 - "distill" (QC-FQL): FQL's one-step policy over chunks (behaviour-regularised by distillation).
 
-The learner is FQL's (fql.py) with `horizon` actions per chunk; this file fixes Q-chunking's defaults.
+The learner is FQL's (fql.py) with `horizon` actions per chunk; this file holds Q-chunking's defaults
+(the registry builds `FQL` with `QCConfig`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from embodied.agents.fql import FQL, FQLConfig
+from embodied.agents.fql import FQLConfig
 
 
 @dataclass
@@ -28,7 +29,3 @@ class QCConfig(FQLConfig):
     horizon: int = 5
     extraction: str = "best_of_n"
     num_samples: int = 32
-
-
-class QChunking(FQL):
-    """FQL's learner on h-action chunks; see the module docstring for what changes."""

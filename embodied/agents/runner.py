@@ -16,8 +16,6 @@ from the pretrained actor's on online states.
 from __future__ import annotations
 
 import copy
-import json
-import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -25,19 +23,20 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 import sims
 from embodied import agents
-from embodied.agents.chunking import ChunkActor, evaluate_chunked, is_chunked
+from embodied.agents.chunking import is_chunked
 from embodied.agents.nets import to_torch
 from embodied.agents.sac import SAC
+from embodied.checkpoints import (PRETRAINED_DIR, Checkpoint, check_checkpoint_config, fallback, find_checkpoints,
+                                  first_line, pretrained_folder, read_checkpoint, read_pretrained, write_folder)
 from embodied.data.dataset import Dataset
 from embodied.data.replay import MixedReplay, ReplayBuffer
+from embodied.data.rewards import RewardTransform
 from embodied.errors import CheckpointError, ConfigError
-from embodied.evaluation import evaluate, record_video
+from embodied.evaluation import ChunkActor, evaluate, record_video
 from embodied.stats import DIP_WINDOW_FRACTION, post_switch_dip
 from policies.base import STATE_KEY
 
@@ -68,7 +67,7 @@ class RunnerConfig:
     actor_delay_steps: int = 0                # env steps after learning starts with critic updates only (0: WSRL)
     pretrained: str | None = None             # start online from this run's saved pretraining (skip offline)
     gamma: float = 0.99
-    reward_scale: float = 1.0                 # r' = reward_scale * r + reward_bias, applied once, here
+    reward_scale: float = 1.0                 # r' = reward_scale * r + reward_bias (embodied.data.rewards)
     reward_bias: float = 0.0
     sparse_failure_reward: float | None = None  # raw reward of a failed step on sparse tasks (Cal-QL MC returns)
     eval_every_offline: int = 2_000
@@ -102,12 +101,12 @@ class RunnerConfig:
         if self.utd < 1 or self.eval_episodes < 1:
             raise ConfigError("algo.utd and eval.episodes must be >= 1")
 
-    def transform_rewards(self, rewards: np.ndarray) -> np.ndarray:
-        return (self.reward_scale * np.asarray(rewards, np.float32) + self.reward_bias).astype(np.float32)
+    def reward_transform(self) -> RewardTransform:
+        return RewardTransform(self.reward_scale, self.reward_bias, self.sparse_failure_reward)
 
 
 SWITCH_TEMPERATURE = ("keep", "reset", "fast", "refit")
-PRETRAINED_DIR = "pretrained"  # checkpoints/<this>: the agent at the end of offline training
+CHUNK_EVAL_ENVS = 5  # chunk agents run on manipulation tasks, whose envs hold ~100 MB each: evaluate in waves
 
 
 class Runner:
@@ -117,6 +116,7 @@ class Runner:
         self.cfg, self.dataset, self.logger, self.progress = cfg, dataset, logger, progress
         self.run_dir = Path(run_dir)
         self.spec = sims.spec(cfg.env)
+        self.rewards = cfg.reward_transform()  # the one reward transform: data in, online transitions, MC returns
         self.rng = np.random.default_rng(cfg.seed)
         torch.manual_seed(cfg.seed)
         obs_dim, act_dim = self.spec.obs_dim, self.spec.act_dim
@@ -128,7 +128,8 @@ class Runner:
         self.offline_buffer = self._offline_buffer() if needs_data else None
         capacity = max(1, min(cfg.replay_capacity, cfg.online_steps))
         self.online_buffer = ReplayBuffer(obs_dim, act_dim, capacity=capacity, seed=cfg.seed + 1)
-        self.keep_episode_mc = False  # online transitions need MC returns when Cal-QL keeps training online
+        # Cal-QL fine-tuning keeps its loss online, which needs MC returns: online data is added per episode
+        self.keep_episode_mc = cfg.online_algo == "same" and cfg.offline_algo == "calql"
 
         self.offline_agent = None
         if cfg.offline_algo is not None:
@@ -148,9 +149,8 @@ class Runner:
     # -- data -----------------------------------------------------------------------------------
     def _offline_buffer(self) -> ReplayBuffer:
         cfg, ds = self.cfg, self.dataset
-        rewards = cfg.transform_rewards(ds.rewards)
-        failure = None if cfg.sparse_failure_reward is None else float(cfg.transform_rewards(np.array([cfg.sparse_failure_reward]))[0])
-        mc = ds.mc_returns(cfg.gamma, rewards=rewards, sparse_failure_reward=failure)
+        rewards = self.rewards(ds.rewards)
+        mc = ds.mc_returns(cfg.gamma, rewards=rewards, sparse_failure_reward=self.rewards.failure_reward)
         buffer = ReplayBuffer(self.spec.obs_dim, self.spec.act_dim, capacity=len(ds), seed=cfg.seed + 2)
         buffer.add_dataset(Dataset(ds.observations, ds.actions, rewards, ds.next_observations, ds.terminals,
                                    ds.timeouts, dict(ds.metadata)), mc_returns=mc)
@@ -162,19 +162,23 @@ class Runner:
             agent.fit_normalization(self.dataset.observations, self.dataset.actions)
 
     def _batch(self, source, batch_size: int) -> dict:
-        """Chunked agents learn from h-step chunks (`valid`-masked), the others from transitions."""
-        if is_chunked(self.agent):
-            return source.sample_chunks(batch_size, self.agent.chunk_horizon)
-        return source.sample(batch_size)
+        """Agents with a `chunk_horizon` (chunk policies, sequence-trained world models) learn from h-step
+        chunks (`valid`-masked), the others from transitions."""
+        horizon = getattr(self.agent, "chunk_horizon", None)
+        return source.sample(batch_size) if horizon is None else source.sample_chunks(batch_size, horizon)
 
     def _chunk_fn(self, deterministic: bool):
         return lambda obs_seq: self.agent.act_chunk(obs_seq, deterministic=deterministic)
+
+    def _horizons(self) -> tuple[int, int]:
+        """(observations in, actions executed per call): (1, 1) for step agents."""
+        return getattr(self.agent, "obs_horizon", 1), getattr(self.agent, "execute_horizon", 1)
 
     def _step_policy(self):
         """A per-step policy for one env (videos): chunks executed open-loop, history kept."""
         if not is_chunked(self.agent):
             return self._deterministic
-        actor = ChunkActor(self._chunk_fn(True), self.agent.obs_horizon, self.agent.execute_horizon)
+        actor = ChunkActor(self._chunk_fn(True), *self._horizons())
         return lambda states: actor(states[0])[None]
 
     def _sampler(self):
@@ -185,15 +189,15 @@ class Runner:
     def _deterministic(self, states: np.ndarray) -> np.ndarray:
         return self.agent.actor.act(states, deterministic=True)[:, 0, :]
 
-    def evaluate(self, step: int, total_step: int, final: bool = False) -> dict:
+    def evaluate(self, step: int, total_step: int) -> dict:
         cfg = self.cfg
         seed = cfg.seed * 1000 + 10_000  # the same start states at every eval: comparisons across evals are paired
-        if is_chunked(self.agent):
-            result = evaluate_chunked(cfg.env, self._chunk_fn(True), self.agent.obs_horizon, self.agent.execute_horizon,
-                                      cfg.eval_episodes, seed, gamma=cfg.gamma, reward_transform=cfg.transform_rewards)
-        else:
-            result = evaluate(cfg.env, self._deterministic, cfg.eval_episodes, seed=seed,
-                              gamma=cfg.gamma, reward_transform=cfg.transform_rewards)
+        obs_horizon, execute_horizon = self._horizons()
+        chunked = is_chunked(self.agent)
+        result = evaluate(cfg.env, None if chunked else self._deterministic, cfg.eval_episodes, seed=seed,
+                          gamma=cfg.gamma, reward_transform=self.rewards,
+                          chunk_policy=self._chunk_fn(True) if chunked else None, obs_horizon=obs_horizon,
+                          execute_horizon=execute_horizon, max_envs=CHUNK_EVAL_ENVS if chunked else None)
         metrics = result.metrics()
         critic = getattr(self.agent, "critic", None)
         if critic is not None and self.phase == "online" and not is_chunked(self.agent):
@@ -254,21 +258,24 @@ class Runner:
             self.end_of_offline = last[-1] if last else self.evaluate(self.offline_step, self.offline_step)
             self.pretrained_actor = copy.deepcopy(self.offline_agent.actor).requires_grad_(False)
 
-    def _switch(self) -> None:
+    def _online_agent(self):
+        """The agent of the online phase: the offline one (`same`), SAC on its networks, or a fresh one."""
         cfg = self.cfg
-        self._freeze_pretrained()
         if cfg.online_algo == "same":
-            self.agent = self.offline_agent
-            self.keep_episode_mc = cfg.offline_algo == "calql"
-        elif self.offline_agent is not None:  # the loss swap; agents.check_switch allowed this pair
-            sac_cfg = agents.make_config(cfg.online_algo, cfg.online_agent)
-            self.agent = SAC.from_agent(self.offline_agent, sac_cfg, reinit_critic=cfg.reinit_critic,
-                                        reset_optimizers=cfg.reset_optimizers, seed=cfg.seed)
+            return self.offline_agent
+        if self.offline_agent is not None:  # the loss swap; agents.check_switch allowed this pair
+            return SAC.from_agent(self.offline_agent, agents.make_config(cfg.online_algo, cfg.online_agent),
+                                  reinit_critic=cfg.reinit_critic, reset_optimizers=cfg.reset_optimizers, seed=cfg.seed)
+        agent = agents.make(cfg.online_algo, self.spec.obs_dim, self.spec.act_dim, cfg.online_agent, cfg.device,
+                            cfg.seed)
+        self._fit_normalization(agent)
+        return agent
+
+    def _switch(self) -> None:
+        self._freeze_pretrained()
+        self.agent = self._online_agent()
+        if self.agent is not self.offline_agent and self.offline_agent is not None:
             self._switch_temperature()
-        else:
-            self.agent = agents.make(cfg.online_algo, self.spec.obs_dim, self.spec.act_dim, cfg.online_agent,
-                                     cfg.device, cfg.seed)
-            self._fit_normalization(self.agent)
         self.phase, self.switched = "online", True
         self.logger.log({"switch/offline_steps": self.offline_step, "total_step": self.offline_step,
                          "switch/end_of_offline_score": (self.end_of_offline or {}).get("eval/score"),
@@ -289,6 +296,10 @@ class Runner:
             agent.alpha_optimizer.state.clear()
         elif cfg.switch_temperature == "fast":
             self._set_alpha_lr(agent.cfg.alpha_lr * cfg.switch_temperature_lr_scale)
+
+    def _in_fast_temperature_window(self) -> bool:
+        cfg = self.cfg
+        return cfg.switch_temperature == "fast" and self.online_step < self.learning_start() + cfg.switch_temperature_steps
 
     def _set_alpha_lr(self, lr: float) -> None:
         for group in self.agent.alpha_optimizer.param_groups:
@@ -318,23 +329,14 @@ class Runner:
         bar = tqdm(total=cfg.online_steps, initial=self.online_step, desc=f"online {cfg.online_algo}",
                    disable=not self.progress, dynamic_ncols=True)
         owed, owed_start = 0, self.online_step <= self.learning_start()  # gradient steps not yet taken
-        chunk_actor = None
-        if is_chunked(self.agent):  # chunks executed open-loop, one env step (and transition) per row
-            chunk_actor = ChunkActor(self._online_chunk, self.agent.obs_horizon, self.agent.execute_horizon)
+        actor = ChunkActor(self._online_chunk, *self._horizons())  # one env step (and transition) per action
         while self.online_step < cfg.online_steps:
             step = self.online_step
-            if chunk_actor is not None:
-                action = chunk_actor(state)
-            elif step < cfg.warmup_steps and self.pretrained_actor is not None:
-                action = self.pretrained_actor.act(state, deterministic=False)[0]
-            elif step < cfg.warmup_steps + cfg.random_steps:
-                action = self.rng.uniform(-1.0, 1.0, self.spec.act_dim).astype(np.float32)
-            else:
-                action = self.agent.act(state, deterministic=False)
+            action = actor(state)
             next_obs, reward, terminated, truncated, _ = env.step(action)
             next_state = next_obs[STATE_KEY]
             episode_return += float(reward)
-            reward = float(cfg.transform_rewards(np.array([reward]))[0])
+            reward = float(self.rewards(reward))
             if self.keep_episode_mc:
                 episode.append((state, action, reward, next_state, terminated, truncated))
             else:
@@ -349,8 +351,7 @@ class Runner:
                                 step=step + 1, phase="online", kind="train")
                 episode_return = 0.0
                 state = env.reset()[0][STATE_KEY]
-                if chunk_actor is not None:
-                    chunk_actor.reset()
+                actor.reset()
             self.online_step = step = step + 1
             if step > self.learning_start():
                 owed += cfg.utd
@@ -390,15 +391,28 @@ class Runner:
             return metrics
         return [self.agent.update(self._batch(sampler, cfg.online_batch_size)) for _ in range(count)]
 
-    def _online_chunk(self, obs_seq: np.ndarray) -> np.ndarray:
-        """The online phase's chunk source: pretrained policy (warmup), uniform noise (random steps), agent."""
-        cfg, step = self.cfg, self.online_step
+    def action_source(self, step: int) -> str:
+        """Who acts at online env step `step`, the one schedule of every preset: the frozen pretrained policy
+        (WSRL's warmup), then uniform noise (scratch's and RLPD's random steps), then the agent."""
+        cfg = self.cfg
         if step < cfg.warmup_steps and self.pretrained_actor is not None:
-            return self.pretrained_actor.act(obs_seq, deterministic=False)
+            return "pretrained"
         if step < cfg.warmup_steps + cfg.random_steps:
-            shape = (len(obs_seq), self.agent.execute_horizon, self.spec.act_dim)
+            return "random"
+        return "agent"
+
+    def _online_chunk(self, obs_seq: np.ndarray) -> np.ndarray:
+        """[B, H, A] exploration actions from `action_source`; a step agent's chunk is one action."""
+        agent, chunked = self.agent, is_chunked(self.agent)
+        source = self.action_source(self.online_step)
+        if source == "random":
+            shape = (len(obs_seq), self._horizons()[1], self.spec.act_dim)
             return self.rng.uniform(-1.0, 1.0, shape).astype(np.float32)
-        return self.agent.act_chunk(obs_seq, deterministic=False)
+        if source == "pretrained":
+            return self.pretrained_actor.act(obs_seq if chunked else obs_seq[:, -1], deterministic=False)
+        if chunked:
+            return agent.act_chunk(obs_seq, deterministic=False)
+        return np.asarray(agent.act(obs_seq[:, -1], deterministic=False))[:, None]
 
     def learning_start(self) -> int:
         return min(self.cfg.warmup_steps + self.cfg.random_steps, self.cfg.online_steps)
@@ -418,9 +432,8 @@ class Runner:
         states, actions, rewards, next_states, terminals, timeouts = (np.asarray(x) for x in zip(*episode))
         ds = Dataset(states.astype(np.float32), actions.astype(np.float32), rewards.astype(np.float32),
                      next_states.astype(np.float32), terminals.astype(bool), timeouts.astype(bool), {})
-        failure = None if self.cfg.sparse_failure_reward is None else float(
-            self.cfg.transform_rewards(np.array([self.cfg.sparse_failure_reward]))[0])
-        self.online_buffer.add_dataset(ds, mc_returns=ds.mc_returns(self.cfg.gamma, sparse_failure_reward=failure))
+        mc = ds.mc_returns(self.cfg.gamma, sparse_failure_reward=self.rewards.failure_reward)
+        self.online_buffer.add_dataset(ds, mc_returns=mc)
 
     def _finish(self) -> dict:
         cfg = self.cfg
@@ -469,26 +482,26 @@ class Runner:
         state = dict(phase=self.phase, offline_step=self.offline_step, online_step=self.online_step,
                      episodes_done=self.episodes_done, end_of_offline=self.end_of_offline,
                      eval_history=self.eval_history, rng=self.rng.bit_generator.state, total_step=total_step,
-                     config=asdict(self.cfg), saved_at=time.time())
-        final = _write_folder(root / f"step_{total_step:09d}", tensors, state,
-                              replay_online=self.online_buffer.state_dict())
+                     config=asdict(self.cfg), loop=self.loop_state(), saved_at=time.time())
+        final = write_folder(root / f"step_{total_step:09d}", tensors, state,
+                             replay_online=self.online_buffer.state_dict())
         for old in sorted(p for p in root.iterdir() if p.name.startswith("step_"))[: -self.cfg.keep_checkpoints]:
             shutil.rmtree(old, ignore_errors=True)
         return final
 
     def load_checkpoint(self, path: Path | Checkpoint) -> None:
-        """Restore a checkpoint folder (or one `read_checkpoint` already validated) into this runner."""
+        """Restore a checkpoint folder (or one `read_checkpoint` already validated) into this runner: the
+        online agent's structure is rebuilt and its state loaded; nothing of the switch runs again."""
         ckpt = path if isinstance(path, Checkpoint) else read_checkpoint(path)
-        check_checkpoint_config(ckpt, self.cfg)
+        check_checkpoint_config(ckpt, asdict(self.cfg))
         state, tensors = ckpt.state, ckpt.tensors
         self.phase, self.offline_step, self.online_step = state["phase"], state["offline_step"], state["online_step"]
         self.episodes_done, self.end_of_offline = state["episodes_done"], state["end_of_offline"]
         self.eval_history, self.rng.bit_generator.state = state["eval_history"], state["rng"]
         if self.phase == "online":
-            self._switch_structure()
-            if self.cfg.switch_temperature == "fast" and self.online_step >= (
-                    self.learning_start() + self.cfg.switch_temperature_steps):
-                self._set_alpha_lr(self.agent.cfg.alpha_lr)
+            if self.offline_agent is not None:
+                self.pretrained_actor = copy.deepcopy(self.offline_agent.actor).requires_grad_(False)
+            self.agent, self.switched = self._online_agent(), True
         split = lambda prefix: {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
         try:
             self.agent.load_state_dict(split("agent."))
@@ -496,69 +509,43 @@ class Runner:
                 self.pretrained_actor.load_state_dict(split("pretrained_actor."))
         except (RuntimeError, KeyError, ValueError) as err:
             raise CheckpointError(f"checkpoint {ckpt.path / 'model.safetensors'} does not fit this run's networks "
-                                  f"({_first_line(err)}); resume with the config the run was started with") from None
+                                  f"({first_line(err)}); resume with the config the run was started with") from None
+        if self.phase == "online" and self.cfg.switch_temperature == "fast":  # optimizer lrs are not saved
+            scale = self.cfg.switch_temperature_lr_scale if self._in_fast_temperature_window() else 1.0
+            self._set_alpha_lr(self.agent.cfg.alpha_lr * scale)
         try:
             self.online_buffer.load_state_dict(ckpt.replay)
         except (KeyError, ValueError, TypeError) as err:
             raise CheckpointError(f"checkpoint {ckpt.path / 'replay_online.npz'} does not hold a replay buffer "
-                                  f"({type(err).__name__}: {_first_line(err)}); {_fallback(ckpt.path)}") from None
+                                  f"({type(err).__name__}: {first_line(err)}); {fallback(ckpt.path)}") from None
         self.online_buffer.cut_open_episode()  # the env restarts a fresh episode after a resume
+        if self.phase == "online":
+            self.load_loop_state(state.get("loop"))
         torch.set_rng_state(tensors["torch_rng"])
 
-    def _switch_structure(self) -> None:
-        """Rebuild the online agent's structure (as the switch did) before loading its weights,
-        without logging the switch again or touching the restored history."""
-        history, end, logger = self.eval_history, self.end_of_offline, self.logger
-        self.logger = _NullLogger()
-        try:
-            self._switch()
-        finally:
-            self.eval_history, self.end_of_offline, self.logger = history, end, logger
+    def loop_state(self) -> dict | None:
+        """State an online loop carries between env steps beyond the runner's own (none for the replay loop)."""
+        return None
 
-    # -- pretrain once, fine-tune many ----------------------------------------------------------------
-    # Only the fields that shape the pretrained agent must match between the pretraining run and a run that
-    # starts from it; everything online (presets, temperature, UTD, budgets) is free to differ.
-    PRETRAINED_MATCH = ("env", "offline_algo", "offline_agent", "gamma", "reward_scale", "reward_bias",
-                        "sparse_failure_reward", "device")
+    def load_loop_state(self, state: dict | None) -> None:
+        pass
 
+    # -- pretrain once, fine-tune many (checkpoints/pretrained/) ------------------------------------------
     def save_pretrained(self) -> Path:
         """checkpoints/pretrained/: the offline agent at the switch, with the config that made it."""
         state = dict(config=asdict(self.cfg), offline_step=self.offline_step,
                      dataset_size=None if self.dataset is None else len(self.dataset),
                      eval_history=[r for r in self.eval_history if r["phase"] == "offline"], saved_at=time.time())
-        return _write_folder(self.run_dir / "checkpoints" / PRETRAINED_DIR, self.offline_agent.state_dict(), state)
+        return write_folder(self.run_dir / "checkpoints" / PRETRAINED_DIR, self.offline_agent.state_dict(), state)
 
     def load_pretrained(self, path: str | Path) -> None:
         """Skip the offline phase: restore a saved pretraining whose config matches this run's."""
-        path = Path(path)
-        folder = path / "checkpoints" / PRETRAINED_DIR if (path / "checkpoints").is_dir() else path
-        if not (folder / "state.json").is_file():
-            raise CheckpointError(f"pretrained={path} has no saved pretraining (looked for {folder}/state.json); "
-                                  "pass a run directory whose offline phase finished")
-        try:
-            state = json.loads((folder / "state.json").read_text())
-            tensors = load_file(str(folder / "model.safetensors"))
-        except (OSError, ValueError, SafetensorError) as err:
-            raise CheckpointError(f"pretrained={folder} is corrupt or incomplete ({type(err).__name__}: {err}); "
-                                  "rerun its pretraining") from None
-        saved, mine = state["config"], _jsonable(asdict(self.cfg))
-        for key in self.PRETRAINED_MATCH:
-            theirs, ours = saved.get(key), mine.get(key)
-            if isinstance(theirs, dict) and isinstance(ours, dict):  # name the options that differ, not the dicts
-                differ = sorted(k for k in {*theirs, *ours} if theirs.get(k, "<unset>") != ours.get(k, "<unset>"))
-                theirs = {k: theirs.get(k, "<unset>") for k in differ}
-                ours = {k: ours.get(k, "<unset>") for k in differ}
-            if theirs != ours:
-                raise ConfigError(f"pretrained={path} was trained with {key}={theirs!r}, this run has "
-                                  f"{key}={ours!r}; use the same setting or pretrain anew")
-        size = None if self.dataset is None else len(self.dataset)
-        if state.get("dataset_size") != size:
-            raise ConfigError(f"pretrained={path} was trained on {state.get('dataset_size')} transitions, this run "
-                              f"loads {size}; use the same dataset.size or pretrain anew")
+        folder = pretrained_folder(path)
+        state, tensors = read_pretrained(path, asdict(self.cfg), None if self.dataset is None else len(self.dataset))
         try:
             self.offline_agent.load_state_dict(tensors)
         except (RuntimeError, KeyError) as err:
-            raise CheckpointError(f"pretrained={folder} does not fit this agent ({str(err).splitlines()[0]})") from None
+            raise CheckpointError(f"pretrained={folder} does not fit this agent ({first_line(err)})") from None
         self.offline_step = state["offline_step"]
         self.eval_history = list(state["eval_history"])
         for record in self.eval_history:  # the new run's metrics and curve show the pretraining it starts from
@@ -582,124 +569,6 @@ class Runner:
         print(f"resumed from {checkpoint.path} (phase {self.phase}, offline step {self.offline_step}, "
               f"online step {self.online_step})", flush=True)
         return True
-
-
-# -- checkpoint files -----------------------------------------------------------------------------------
-# A step checkpoint is a folder checkpoints/step_<k>/ holding these files, all written by _write_folder.
-CHECKPOINT_FILES = ("state.json", "model.safetensors", "replay_online.npz")
-CHECKPOINT_STATE_KEYS = ("phase", "offline_step", "online_step", "episodes_done", "end_of_offline",
-                         "eval_history", "rng", "config")
-
-
-@dataclass
-class Checkpoint:
-    """The validated contents of one step checkpoint, read once before a resume touches anything."""
-    path: Path
-    state: dict
-    tensors: dict
-    replay: dict
-
-
-def find_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Step checkpoint folders of a run, oldest first (half-written `.tmp_*` folders are not checkpoints)."""
-    root = Path(run_dir) / "checkpoints"
-    return sorted(p for p in root.glob("step_*") if p.is_dir()) if root.is_dir() else []
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
-def _fallback(path: Path) -> str:
-    """The fix for a bad checkpoint: move it aside (never delete: it is the user's data) and name what is left."""
-    earlier = [p for p in find_checkpoints(path.parent.parent) if p.name < path.name]
-    then = f"to resume from {earlier[-1].name}" if earlier else "and resume=true starts the run over"
-    return f"move {path} out of checkpoints/ {then}"
-
-
-def read_checkpoint(path: str | Path) -> Checkpoint:
-    """Read and check every file of a step checkpoint; any defect is a one-line CheckpointError naming the file.
-
-    The replay archive is read in full, so a truncated or bit-flipped .npz fails here (zip CRC), not mid-resume."""
-    import zipfile
-    import zlib
-
-    path = Path(path)
-    for name in CHECKPOINT_FILES:
-        if not (path / name).is_file():
-            raise CheckpointError(f"checkpoint {path} has no {name} (it is incomplete); {_fallback(path)}")
-
-    def corrupt(name: str, err: BaseException) -> CheckpointError:
-        return CheckpointError(f"checkpoint file {path / name} is corrupt or truncated "
-                               f"({type(err).__name__}: {_first_line(err)}); {_fallback(path)}")
-
-    try:
-        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise corrupt("state.json", err) from None
-    missing = [key for key in CHECKPOINT_STATE_KEYS if not isinstance(state, dict) or key not in state]
-    if missing:
-        raise corrupt("state.json", KeyError(f"missing {', '.join(missing)}"))
-    if state["phase"] not in ("offline", "online"):
-        raise corrupt("state.json", ValueError(f"phase={state['phase']!r}"))
-    try:
-        tensors = load_file(str(path / "model.safetensors"))
-    except (OSError, ValueError, SafetensorError) as err:
-        raise corrupt("model.safetensors", err) from None
-    if "torch_rng" not in tensors:
-        raise corrupt("model.safetensors", KeyError("no torch_rng tensor"))
-    try:
-        with np.load(path / "replay_online.npz", allow_pickle=False) as archive:
-            replay = {key: archive[key] for key in archive.files}
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as err:
-        raise corrupt("replay_online.npz", err) from None
-    return Checkpoint(path, state, tensors, replay)
-
-
-def check_checkpoint_config(ckpt: Checkpoint, cfg: RunnerConfig) -> None:
-    """A checkpoint resumes only the run that wrote it: a differing setting is named, not left to surface as a
-    tensor size mismatch. Keys this code added since the checkpoint was written are not compared."""
-    saved, mine = ckpt.state["config"], _jsonable(asdict(cfg))
-    if not isinstance(saved, dict):
-        raise CheckpointError(f"checkpoint file {ckpt.path / 'state.json'} has no run config; {_fallback(ckpt.path)}")
-    differ = []
-    for key in sorted(set(saved) & set(mine)):
-        theirs, ours = saved[key], mine[key]
-        if isinstance(theirs, dict) and isinstance(ours, dict):
-            differ += [f"{key}.{k} (checkpoint {theirs.get(k, '<unset>')!r}, this run {ours.get(k, '<unset>')!r})"
-                       for k in sorted({*theirs, *ours}) if theirs.get(k, "<unset>") != ours.get(k, "<unset>")]
-        elif theirs != ours:
-            differ.append(f"{key} (checkpoint {theirs!r}, this run {ours!r})")
-    if differ:
-        more = f" and {len(differ) - 2} more" if len(differ) > 2 else ""
-        raise CheckpointError(f"checkpoint {ckpt.path} was written with other settings: {'; '.join(differ[:2])}{more}; "
-                              "resume with the run's own config: resume=true hydra.run.dir=<run>, no other overrides")
-
-
-class _NullLogger:
-    def log(self, *args, **kwargs) -> None:
-        pass
-
-
-def _write_folder(final: Path, tensors: dict, state: dict, **arrays: dict) -> Path:
-    """model.safetensors + state.json (+ one .npz per `arrays` entry) written to a temporary sibling, then
-    renamed into place: a crash mid-write never leaves a half-written checkpoint under `final`."""
-    tmp = final.with_name(f".tmp_{final.name}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file(tensors, str(tmp / "model.safetensors"))
-    for name, values in arrays.items():
-        np.savez(tmp / f"{name}.npz", **values)
-    (tmp / "state.json").write_text(json.dumps(state, default=float))
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    return final
-
-
-def _jsonable(value):
-    """What a value reads back as from JSON (tuples become lists), for comparing configs."""
-    return json.loads(json.dumps(value, default=float))
 
 
 def _mean(window: list[dict]) -> dict:

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from embodied.agents.nets import CriticEnsemble, TensorCheckpoint, adam, mean_q, soft_update, split_batch, to_torch, tune_allocator
+from embodied.agents.base import Agent
+from embodied.agents.nets import CriticEnsemble, adam, mean_q, soft_update, split_batch, to_torch
 from embodied.errors import ConfigError
 from policies.gaussian import TanhGaussianPolicy
 
@@ -53,21 +54,27 @@ class SACConfig:
 ACTOR_Q = ("mean", "min")
 
 
-class SAC(TensorCheckpoint):
+class SAC(Agent):
+    scalars = ("log_alpha",)
     splits_utd = True  # update(batch, utd) takes utd critic minibatches from one batch (the runner's critic-only UTD)
 
-    def __init__(self, obs_dim: int, act_dim: int, cfg: SACConfig = SACConfig(), device: str = "cpu", seed: int = 0):
-        self.cfg, self.device = cfg, torch.device(device)
-        if self.device.type == "cpu":
-            tune_allocator()
-        self.obs_dim, self.act_dim = obs_dim, act_dim
-        self.generator = torch.Generator(device="cpu").manual_seed(seed)
-        self.actor = TanhGaussianPolicy(obs_dim, act_dim, cfg.hidden, layernorm=cfg.actor_layernorm,
-                                        state_dependent_std=cfg.state_dependent_std,
-                                        log_std_range=cfg.log_std_range).to(self.device)
-        self.log_alpha = torch.tensor(float(np.log(cfg.init_temperature)), device=self.device, requires_grad=True)
+    def __init__(self, obs_dim: int, act_dim: int, cfg: SACConfig = SACConfig(), device: str = "cpu", seed: int = 0,
+                 actor: TanhGaussianPolicy | None = None, critics: tuple | None = None,
+                 log_alpha: torch.Tensor | None = None):
+        """Fresh networks, or adopted ones (`actor`, `critics` = (critic, target), `log_alpha`): the switch."""
+        super().__init__(obs_dim, act_dim, cfg, device, seed)
+        self.actor = actor if actor is not None else TanhGaussianPolicy(
+            obs_dim, act_dim, cfg.hidden, layernorm=cfg.actor_layernorm, state_dependent_std=cfg.state_dependent_std,
+            log_std_range=cfg.log_std_range).to(self.device)
+        if log_alpha is None:
+            log_alpha = torch.tensor(float(np.log(cfg.init_temperature)), device=self.device, requires_grad=True)
+        self.log_alpha = log_alpha
         self.target_entropy = -float(act_dim) if cfg.target_entropy is None else cfg.target_entropy
-        self._build_critic()
+        if critics is None:
+            self._build_critic()
+        else:
+            self.critic, self.target_critic = critics
+            self.critic_optimizer = adam(self.critic.parameters(), cfg.critic_lr)
         self.actor_optimizer = adam(self.actor.parameters(), cfg.actor_lr)
         self.alpha_optimizer = adam([self.log_alpha], cfg.alpha_lr)
 
@@ -83,25 +90,15 @@ class SAC(TensorCheckpoint):
     def from_agent(cls, other, cfg: SACConfig, reinit_critic: bool = False, reset_optimizers: bool = False,
                    seed: int = 0) -> "SAC":
         """Continue a pretrained agent's networks with the SAC loss (the switch in offline→online RL)."""
-        agent = cls.__new__(cls)
-        agent.cfg, agent.device = cfg, other.device
-        agent.obs_dim, agent.act_dim = other.obs_dim, other.act_dim
-        agent.generator = torch.Generator(device="cpu").manual_seed(seed)
-        agent.actor = other.actor
-        agent.target_entropy = -float(agent.act_dim) if cfg.target_entropy is None else cfg.target_entropy
-        agent.log_alpha = getattr(other, "log_alpha", None)
-        if agent.log_alpha is None:  # BC/IQL have no temperature
-            agent.log_alpha = torch.tensor(float(np.log(cfg.init_temperature)), device=agent.device, requires_grad=True)
-        has_critic = getattr(other, "critic", None) is not None
-        if reinit_critic or not has_critic:
-            agent._build_critic()
-        else:
-            agent.critic, agent.target_critic = other.critic, other.target_critic
-            agent.critic_optimizer = other.critic_optimizer if not reset_optimizers else adam(agent.critic.parameters(), cfg.critic_lr)
-        keep = not reset_optimizers
-        agent.actor_optimizer = other.actor_optimizer if keep and hasattr(other, "actor_optimizer") else adam(agent.actor.parameters(), cfg.actor_lr)
-        agent.alpha_optimizer = other.alpha_optimizer if keep and hasattr(other, "alpha_optimizer") else adam([agent.log_alpha], cfg.alpha_lr)
-        if keep:  # the online phase may use other learning rates than pretraining
+        adopt_critic = not reinit_critic and getattr(other, "critic", None) is not None
+        agent = cls(other.obs_dim, other.act_dim, cfg, other.device, seed, actor=other.actor,
+                    critics=(other.critic, other.target_critic) if adopt_critic else None,
+                    log_alpha=getattr(other, "log_alpha", None))  # BC/IQL have no temperature: a fresh one
+        if not reset_optimizers:  # Adam moments carry over; the online phase may use other learning rates
+            names = ("actor_optimizer", "alpha_optimizer") + (("critic_optimizer",) if adopt_critic else ())
+            for name in names:
+                if hasattr(other, name):
+                    setattr(agent, name, getattr(other, name))
             for optimizer, lr in ((agent.actor_optimizer, cfg.actor_lr), (agent.critic_optimizer, cfg.critic_lr),
                                   (agent.alpha_optimizer, cfg.alpha_lr)):
                 for group in optimizer.param_groups:

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import sims
-from embodied.agents.chunking import ChunkActor
+from embodied.evaluation import ChunkActor
 from embodied.errors import UserError
 from sims.wrappers import ChunkedActionWrapper
 
