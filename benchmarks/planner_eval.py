@@ -1,6 +1,13 @@
 """Evaluate language planners on the multi-step task suite (planners/tasks.py) on the real sims.
 
     python benchmarks/planner_eval.py --planners rule,smollm2-generate,smollm2-saycan,smollm2-constrained
+    python benchmarks/planner_eval.py --planners smollm2-goal+ret --set heldout   # issue 19
+
+Planners: rule, smollm2-<mode> for mode generate / saycan / constrained / goal, each LLM mode also with
+"+ret" (the k=3 nearest bank examples of planners/examples.py in the prompt). --set suite runs the
+23-task suite (planners/tasks.py), --set heldout the held-out set (planners/heldout.py, never used for
+tuning); result files of the held-out set end in "-heldout". The adversarial set runs with both unless
+--no-adversarial. The summary records the CPU (avx512_bf16 or not), precision and the load average.
 
 Every planner runs the same tasks, seeds and skill oracles in one process; SmolLM2 is loaded once and
 shared. Writes benchmarks/results/planner_eval/<planner>.json (per-task rows + summary), the JSONL
@@ -12,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,12 +34,15 @@ OUT = Path(__file__).resolve().parent / "results" / "planner_eval"
 
 @exit_on_user_error
 def main(argv=None) -> None:
-    from planners.evaluate import PLANNERS, run_suite, table
+    from planners.evaluate import ALL_PLANNERS, PLANNERS, run_suite, table
+    from planners.heldout import HELDOUT
     from planners.tasks import ADVERSARIAL, TASKS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--planners", default=",".join(PLANNERS))
     ap.add_argument("--tasks", default="all", help="'all' or comma-separated task ids")
+    ap.add_argument("--set", default="suite", choices=("suite", "heldout"))
+    ap.add_argument("--no-adversarial", action="store_true")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-replans", type=int, default=3)
@@ -46,11 +57,17 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     specs = [p.strip() for p in args.planners.split(",") if p.strip()]
     for spec in specs:
-        if spec not in PLANNERS:
-            raise UserError(f"--planners: unknown {spec!r}; choose from {', '.join(PLANNERS)}")
-    tasks = TASKS if args.tasks == "all" else tuple(t for t in TASKS if t.id in args.tasks.split(","))
+        if spec not in ALL_PLANNERS:
+            raise UserError(f"--planners: unknown {spec!r}; choose from {', '.join(ALL_PLANNERS)}")
+    pool = TASKS if args.set == "suite" else HELDOUT
+    suffix = "" if args.set == "suite" else "-heldout"
+    tasks = pool if args.tasks == "all" else tuple(t for t in pool if t.id in args.tasks.split(","))
     if not tasks:
-        raise UserError(f"--tasks {args.tasks!r} matches no task; ids: {', '.join(t.id for t in TASKS)}")
+        raise UserError(f"--tasks {args.tasks!r} matches no task; ids: {', '.join(t.id for t in pool)}")
+    adversarial = () if args.no_adversarial else ADVERSARIAL
+    machine = _machine(args.threads)
+    print(f"CPU avx512_bf16: {machine['avx512_bf16']}; precision: {machine['precision']}; load: {machine['uptime']}",
+          flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     backend = None
@@ -68,34 +85,55 @@ def main(argv=None) -> None:
 
             run = wandb.init(project="embodied-planners", name=f"planner_eval-{spec}", mode=args.wandb,
                              dir=str(out), config={"planner": spec, "seed": args.seed, "tasks": len(tasks)})
-        trace = out / f"trace_{spec}.jsonl"
+        trace = out / f"trace_{spec}{suffix}.jsonl"
         trace.unlink(missing_ok=True)
         t0 = time.perf_counter()
-        res = run_suite(spec, tasks, ADVERSARIAL, out, seed=args.seed, max_replans=args.max_replans,
+        res = run_suite(spec, tasks, adversarial, out, seed=args.seed, max_replans=args.max_replans,
                         backend=backend if spec.startswith("smollm2") else None, wandb_run=run,
-                        log=lambda m: print(m, flush=True))
+                        log=lambda m: print(m, flush=True), name=f"{spec}{suffix}")
         res["wall_s"] = time.perf_counter() - t0
-        res["machine"] = {"threads": args.threads, "cpus": os.cpu_count()}
+        res["machine"] = {**machine, "uptime_after": _uptime()}
+        res["set"] = args.set
         if run is not None:
             run.summary.update({k: v for k, v in res["summary"].items() if isinstance(v, (int, float))})
             run.finish()
-        write_json_atomic(out / f"{spec}.json", res)
-        (out / f"{spec}.partial.json").unlink(missing_ok=True)
+        write_json_atomic(out / f"{spec}{suffix}.json", res)
+        (out / f"{spec}{suffix}.partial.json").unlink(missing_ok=True)
         results.append(res)
         print(table([res]), flush=True)
     _write_table(out)
 
 
+def _uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _machine(threads: int) -> dict:
+    try:
+        bf16 = "avx512_bf16" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        bf16 = None
+    return {"threads": threads, "cpus": os.cpu_count(), "avx512_bf16": bf16,
+            "precision": "fp32 (SmolLM2 dequantised from Q4_1 GGUF; MiniLM fp32)", "uptime": _uptime()}
+
+
 def _write_table(out: Path) -> None:
     """Merge every planner's saved result (this run and earlier ones) into one JSON and one table."""
-    from planners.evaluate import PLANNERS, table
+    from planners.evaluate import ALL_PLANNERS, table
 
     merged = {}
-    for spec in PLANNERS:
-        path = out / f"{spec}.json"
-        if path.exists():
-            merged[spec] = json.loads(path.read_text())
-    write_json_atomic(out / "planner_eval.json", {k: {"summary": v["summary"], "wall_s": v.get("wall_s")}
+    for spec in ALL_PLANNERS:
+        for suffix in ("", "-heldout"):
+            path = out / f"{spec}{suffix}.json"
+            if path.exists():
+                res = json.loads(path.read_text())
+                res["planner"] = f"{spec}{suffix}"
+                merged[f"{spec}{suffix}"] = res
+    write_json_atomic(out / "planner_eval.json", {k: {"summary": v["summary"], "wall_s": v.get("wall_s"),
+                                                      "machine": v.get("machine")}
                                                   for k, v in merged.items()})
     text = table(list(merged.values()))
     (out / "planner_eval.md").write_text(text + "\n")

@@ -30,12 +30,12 @@ def main() -> None:
     parser.add_argument("--split-seeds", action="store_true",
                         help="one job per (method, seed) instead of one sweep per method (more jobs at once)")
     parser.add_argument("--experiment", default="qc_manip")
-    parser.add_argument("--out", type=Path, default=None, help="sweep root (default benchmarks/results/qc_<env>_<time>)")
+    parser.add_argument("--out", type=Path, default=None, help="sweep root (default benchmarks/results/raw/qc_<env>_<time>, ignored by git)")
     parser.add_argument("--quick", action="store_true", help="smoke budgets: checks the plumbing, not the methods")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every job")
     args = parser.parse_args()
     algos = [a for a in args.algos.split(",") if a]
-    root = args.out or REPO / "benchmarks" / "results" / f"qc_{args.env}_{datetime.now():%Y%m%d-%H%M%S}"
+    root = args.out or REPO / "benchmarks" / "results" / "raw" / f"qc_{args.env}_{datetime.now():%Y%m%d-%H%M%S}"
     root.mkdir(parents=True, exist_ok=True)
     # quick: the smoke budgets with the qc_manip data and networks (oracle task data, flow policy)
     experiment = (["experiment=smoke", "dataset=task", "policy=flow"] if args.quick

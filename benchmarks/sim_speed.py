@@ -181,7 +181,7 @@ def bench_task_success(episodes: int, suites=("cube-single", "cube-double", "sce
     """Success of the task expert (OGBench's Markov oracles + our sub-goal sequencing, with the
     "task" quality's action noise) on every evaluation task of every suite, as in the task datasets."""
     import sims
-    from embodied.data.ogbench_gen import GenSpec, TaskOracle, _markov_noise
+    from embodied.data.ogbench_gen import GenSpec, TaskOracle, markov_noise
     from sims.manip import SUITES
 
     out = {}
@@ -199,7 +199,7 @@ def bench_task_success(episodes: int, suites=("cube-single", "cube-double", "sce
                 xi = rng.uniform(0, spec.noise)
                 done, t = False, 0
                 while not done:
-                    action = np.clip(oracle(obs["observation.state"], info) + _markov_noise(rng, xi), -1, 1)
+                    action = np.clip(oracle(obs["observation.state"], info) + markov_noise(rng, xi), -1, 1)
                     obs, _, terminated, truncated, info = env.step(action.astype(np.float32))
                     done, t = terminated or truncated, t + 1
                 wins += bool(terminated)

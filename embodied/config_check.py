@@ -389,7 +389,7 @@ def _check_agents(cfg: DictConfig, resolved: dict) -> None:
     """Agent options: unknown keys, types and ranges, each error naming the key the user sets (algo.num_critics,
     policy.hidden, ...) rather than the internal option it flows into."""
     from embodied import agents
-    from embodied.train import runner_config
+    from embodied.run_config import runner_config
 
     rcfg = runner_config(cfg)
     rcfg.validate()
@@ -544,15 +544,18 @@ AGENT_OPTION = re.compile(r"^algo\.(offline|online)_agent\.([A-Za-z_]\w*)$")
 
 
 def with_agent_options(compose, overrides: list[str]) -> list[str]:
-    """`algo.offline_agent.expectile=0.9` where the preset does not list `expectile`: Hydra refuses a key its
-    config lacks, yet every field of the agent's config dataclass is a valid option (the registry checks its
-    type). Such overrides get Hydra's `+` (add), so they take effect; anything else is left as given."""
+    """`algo.offline_agent.expectile=0.9` where the preset does not list `expectile`, or a switch knob it leaves
+    at the runner's default (`algo.switch_temperature_value=0.01`): Hydra refuses a key its config lacks, yet
+    every field of the agent's config dataclass, and every `runner.SWITCH_KNOBS` entry, is a valid option
+    (and checked later). Such overrides get Hydra's `+` (add), so they take effect; others stay as given."""
     from embodied import agents
 
-    wanted = [(i, AGENT_OPTION.match(o.partition("=")[0])) for i, o in enumerate(overrides)
-              if not o.startswith(("+", "~"))]
-    wanted = [(i, m) for i, m in wanted if m is not None]
-    if not wanted:
+    from embodied.agents.runner import SWITCH_KNOBS
+
+    keys = [(i, o.partition("=")[0]) for i, o in enumerate(overrides) if not o.startswith(("+", "~"))]
+    knobs = [(i, key) for i, key in keys if key.startswith("algo.") and key[len("algo."):] in SWITCH_KNOBS]
+    wanted = [(i, m) for i, key in keys if (m := AGENT_OPTION.match(key)) is not None]
+    if not wanted and not knobs:
         return overrides
     try:
         base = compose([o for o in overrides if is_group_override(parse_overrides([o])[0])
@@ -560,6 +563,9 @@ def with_agent_options(compose, overrides: list[str]) -> list[str]:
     except Exception:  # noqa: BLE001 - the checks that follow report the composition error
         return overrides
     out = list(overrides)
+    for i, key in knobs:  # a switch knob the preset leaves at RunnerConfig's default
+        if OmegaConf.select(base, key, default="<absent>") == "<absent>":
+            out[i] = "+" + overrides[i]
     for i, match in wanted:
         side, name = match.groups()
         agent_options = OmegaConf.select(base, f"algo.{side}_agent")

@@ -171,18 +171,6 @@ def _draw_methods(ax, runs_by_method: Mapping[str, Sequence[Sequence[dict]]], sc
         ax.legend(fontsize="small", loc="best")
 
 
-def sweep_curves(runs_by_method: Mapping[str, Sequence[Sequence[dict]]], path: str | Path,
-                 title: str = "", score_key: str = "eval/score",
-                 switch_step: int | None = None) -> Path:
-    """Mean ± 95% bootstrap CI band per method; each run is its list of metric lines."""
-    fig = Figure(figsize=(8, 4.5), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    _draw_methods(ax, runs_by_method, score_key, method_colors(list(runs_by_method)), switch_step)
-    ax.set_title(title)
-    return _save(fig, path)
-
-
 def sweep_curves_by_task(runs: Mapping[str, Mapping[str, Sequence[Sequence[dict]]]],
                          path: str | Path, score_key: str = "eval/score") -> Path:
     """One panel per task ({task: {method: runs}}), colours shared across panels."""

@@ -165,7 +165,7 @@ def find_runs(sweep_dir: str | Path) -> tuple[list[Run], list[str]]:
                         "folder that holds one sub-folder per job (e.g. multirun/<date>/<time>)")
     runs, skipped = [], []
     for path in sorted(sweep_dir.rglob(SUMMARY_FILE)):
-        if _status(path.parent) == "failed":  # listed with the failures, not scored
+        if run_status(path.parent) == "failed":  # listed with the failures, not scored
             continue
         try:
             summary = json.loads(path.read_text(encoding="utf-8"))
@@ -184,7 +184,7 @@ def find_runs(sweep_dir: str | Path) -> tuple[list[Run], list[str]]:
     return runs, skipped
 
 
-def _status(run_dir: Path) -> str | None:
+def run_status(run_dir: Path) -> str | None:
     try:
         return json.loads((run_dir / STATUS_FILE).read_text(encoding="utf-8")).get("status")
     except (OSError, json.JSONDecodeError, AttributeError):

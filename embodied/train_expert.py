@@ -21,6 +21,7 @@ from tqdm import trange
 
 import sims
 from embodied.agents.sac import SAC, SACConfig
+from embodied.constants import STATE_KEY
 from embodied.data.replay import ReplayBuffer
 from embodied.errors import exit_on_user_error
 
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
 
     snapshots: list[tuple[int, float, Path]] = []
     obs, _ = env.reset(seed=cfg.seed)
-    state = obs["observation.state"]
+    state = obs[STATE_KEY]
     started = time.time()
     bar = trange(cfg.steps, desc=f"SAC expert {cfg.env}")
     for step in bar:
@@ -67,11 +68,11 @@ def main(argv: list[str] | None = None) -> None:
         else:
             action = agent.act(state, deterministic=False)
         next_obs, reward, terminated, truncated, _ = env.step(action)
-        next_state = next_obs["observation.state"]
+        next_state = next_obs[STATE_KEY]
         buffer.add(state, action, reward, next_state, terminated, truncated)
         state = next_state
         if terminated or truncated:
-            state = env.reset()[0]["observation.state"]
+            state = env.reset()[0][STATE_KEY]
         if step >= cfg.random_steps:
             agent.update(buffer.sample(cfg.batch_size))
         if (step + 1) % cfg.eval_every == 0:

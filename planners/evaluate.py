@@ -12,13 +12,20 @@ from pathlib import Path
 
 import numpy as np
 
+import sims
 from embodied.errors import UserError
 from embodied.logging import write_json_atomic
+from planners.backends.rule import RulePlanner
 from planners.executor import FAILURES, Executor, ExecutorConfig, Trace
+from planners.llm_planner import LLMPlanner, LLMPlannerConfig
 from planners.sim import oracle_skills, world_from_env
 from planners.tasks import ADVERSARIAL, TASKS, Task
 
 PLANNERS = ("rule", "smollm2-generate", "smollm2-saycan", "smollm2-constrained")
+# issue 19: the goal mode (LLM+P), and every LLM mode with retrieved bank examples ("+ret")
+EXTRA_PLANNERS = ("smollm2-goal", "smollm2-goal+ret", "smollm2-generate+ret", "smollm2-saycan+ret",
+                  "smollm2-constrained+ret")
+ALL_PLANNERS = PLANNERS + EXTRA_PLANNERS
 
 
 class EnvPool:
@@ -28,8 +35,6 @@ class EnvPool:
         self._envs = {}
 
     def get(self, name: str):
-        import sims
-
         if name not in self._envs:
             self._envs[name] = sims.make(f"{name}-goal", max_episode_steps=100_000)
         return self._envs[name]
@@ -41,27 +46,32 @@ class EnvPool:
 
 
 def make_planner(spec: str, library, backend=None, threshold: float = 0.8):
-    """'rule' | '<backend>-generate|saycan|constrained' (backend: smollm2 local, or an object given)."""
-    from planners.backends.rule import RulePlanner
-
+    """'rule' | '<backend>-generate|saycan|constrained|goal[+ret]' (backend: smollm2 local, or an object
+    given); '+ret' puts the k=3 nearest bank examples (planners.examples) into the prompt."""
     if spec == "rule":
         return RulePlanner(library)
-    from planners.llm_planner import LLMPlanner, LLMPlannerConfig
-
     name, _, mode = spec.rpartition("-")
+    mode, plus, _ = mode.partition("+")
+    k = 3 if plus else 0
     if backend is None:
         if name != "smollm2":
-            raise UserError(f"planner {spec!r}: choose one of {', '.join(PLANNERS)} (or pass a backend)")
-        from planners.backends.local import LocalBackend
+            raise UserError(f"planner {spec!r}: choose one of {', '.join(ALL_PLANNERS)} (or pass a backend)")
+        from planners.backends.local import LocalBackend  # torch and transformers: only for the local model
 
         backend = LocalBackend()
-    return LLMPlanner(backend, library, LLMPlannerConfig(mode=mode, threshold=threshold))
+    if mode == "goal":
+        from planners.goal_planner import GoalConfig, GoalPlanner
+
+        return GoalPlanner(backend, library, GoalConfig(k_examples=k))
+    return LLMPlanner(backend, library, LLMPlannerConfig(mode=mode, threshold=threshold, retrieval_k=k))
 
 
 def run_suite(spec: str, tasks=TASKS, adversarial=ADVERSARIAL, out_dir: str | Path | None = None, seed: int = 0,
-              max_replans: int = 3, backend=None, wandb_run=None, log=print) -> dict:
+              max_replans: int = 3, backend=None, wandb_run=None, log=print, name: str | None = None) -> dict:
+    """`name` (default: spec) names the trace and partial files, e.g. '<spec>-heldout'."""
     out_dir = Path(out_dir) if out_dir else None
-    trace = Trace(out_dir / f"trace_{spec}.jsonl" if out_dir else None, wandb_run)
+    name = name or spec
+    trace = Trace(out_dir / f"trace_{name}.jsonl" if out_dir else None, wandb_run)
     pool = EnvPool()
     rows = []
     try:
@@ -69,7 +79,7 @@ def run_suite(spec: str, tasks=TASKS, adversarial=ADVERSARIAL, out_dir: str | Pa
             rows.append(_run_task(spec, task, pool, trace, seed, max_replans, backend, k))
             r = rows[-1]
             if out_dir:  # partial results survive a killed run
-                write_json_atomic(out_dir / f"{spec}.partial.json", {"planner": spec, "tasks": rows})
+                write_json_atomic(out_dir / f"{name}.partial.json", {"planner": spec, "tasks": rows})
             trace.log_metrics({"task_success": r["success"], "replans": r["replans"],
                                "llm_latency_s": r["usage"]["latency_s"]}, step=k)
             log(f"[{spec}] {task.id}: success={r['success']} replans={r['replans']} "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from embodied.constants import STATE_KEY
 from embodied.errors import UserError
 from planners.base import SubGoal
 from planners.skills import Skill
@@ -49,7 +50,7 @@ class LearnedPolicy:
             if self.language:
                 inp = dict(obs, task=self.subgoal.text)
             else:
-                inp = np.concatenate([np.asarray(obs["observation.state"], np.float32), self.goal])
+                inp = np.concatenate([np.asarray(obs[STATE_KEY], np.float32), self.goal])
             self._chunk = list(np.asarray(self.policy.act(inp, deterministic=True), np.float32))  # [H, A]
         action = self._chunk.pop(0)
         self.done = bool(self.detector())

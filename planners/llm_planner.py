@@ -21,6 +21,7 @@ from planners import symbolic as sym
 from planners.backends.rule import RulePlanner
 from planners.base import PlanRefusal, PlanResult, SubGoal, World
 from planners.grounding import TextGrounder, candidates, split_steps
+from planners.search import satisfied
 from planners.skills import SkillLibrary
 
 MODES = ("generate", "saycan", "constrained")
@@ -79,6 +80,13 @@ class LLMPlannerConfig:
     max_steps: int = 6
     threshold: float = 0.8  # mode generate: minimum cosine similarity to accept a grounding
     max_new_tokens: int = 72
+    retrieval_k: int = 0  # > 0: the k nearest instruction -> goal examples of planners.examples go into the prompt
+    # saycan: V("done") = 1 when the goal parsed from the instruction (goal mode's parser) holds on the
+    # state the chosen steps lead to, else done_unmet (issue 19: SayCan stopped too early); None: V = 1
+    done_unmet: float | None = 0.02
+    # saycan with done_unmet: refuse what the goal parser refuses (an infeasible verb, an object the scene
+    # lacks), not only what the rule screen refuses; an ambiguous reading is left to the scores
+    refuse_unparsed: bool = True
 
 
 class LLMPlanner:
@@ -96,13 +104,48 @@ class LLMPlanner:
             self.grounder = TextGrounder(self.config.threshold)
         # a back end that can only chat takes the request as chat turns too (HTTPBackend with api=chat)
         self._pass_messages = "messages" in inspect.signature(backend.generate).parameters
+        self.retriever = None
+        if self.config.retrieval_k > 0:
+            from planners.examples import Retriever
+
+            self.retriever = Retriever()
+        self._goal_parser = None
+        self._goals: dict[str, list | None] = {}
         need = {"saycan": "score", "constrained": "choose"}.get(self.config.mode)
         if need and hasattr(backend, "require"):
             backend.require(need)  # BackendUnsupported now, naming the servers that can, not mid-episode
 
     def context(self, instruction: str, world: World, state: frozenset, feedback: str | None) -> str:
         objects = ", ".join(o.name for o in world.objects)
-        return f"{SYSTEM}\n\n{EXAMPLE}\n" + _query(objects, state_words(world, state), instruction, feedback) + "Plan:\n"
+        return f"{SYSTEM}\n\n{EXAMPLE}\n" + self.retrieved(instruction) + _query(
+            objects, state_words(world, state), instruction, feedback) + "Plan:\n"
+
+    def retrieved(self, instruction: str) -> str:
+        """The k nearest bank examples as 'Instruction: / Goal:' lines ('' without retrieval)."""
+        if self.retriever is None:
+            return ""
+        return "Similar instructions and their goals:\n" + self.retriever.prompt(instruction, self.config.retrieval_k) + "\n"
+
+    def parsed_goal(self, instruction: str, world: World):
+        """The goal mode's reading of the instruction (search goals), or None when it cannot parse it."""
+        if instruction not in self._goals:
+            from planners.goal_planner import GoalConfig, GoalParser
+
+            if self._goal_parser is None:
+                k = self.config.retrieval_k
+                self._goal_parser = GoalParser(self.backend, GoalConfig(k_examples=k), retriever=self.retriever)
+            from planners.goal_planner import Ambiguous
+
+            try:
+                parse = self._goal_parser.parse(instruction, world)
+                self._goals[instruction] = (parse.goals, parse.usage)
+            except Ambiguous:
+                self._goals[instruction] = (None, None)
+            except PlanRefusal as err:
+                self._goals[instruction] = (None, None)
+                if self.config.refuse_unparsed:
+                    self._goals[instruction] = (None, str(err))
+        return self._goals[instruction]
 
     def chat_messages(self, instruction: str, world: World, state: frozenset, feedback: str | None) -> list[dict]:
         """The same request as chat turns: the examples as user/assistant pairs, then the task."""
@@ -128,7 +171,7 @@ class LLMPlanner:
             messages = self.chat_messages(instruction, world, state, feedback) if self._pass_messages else None
             self._generate(prompt, cands, result, messages)
         else:
-            self._stepwise(prompt, world, state, result)
+            self._stepwise(prompt, world, state, result, instruction)
         return result
 
     # -- (a) free generation, then embedding grounding ------------------------------------------
@@ -158,8 +201,17 @@ class LLMPlanner:
             result.refusal = "the model's plan matched no skill of this robot" if text.strip() else "empty plan"
 
     # -- (b) SayCan and (c) constrained decoding, one step at a time ----------------------------
-    def _stepwise(self, prompt: str, world: World, state: frozenset, result: PlanResult) -> None:
+    def _stepwise(self, prompt: str, world: World, state: frozenset, result: PlanResult, instruction: str = "") -> None:
         history = ""
+        goals = None
+        if self.config.mode == "saycan" and self.config.done_unmet is not None and instruction:
+            goals, usage = self.parsed_goal(instruction, world)
+            if isinstance(usage, str):
+                raise PlanRefusal(usage)
+            if usage is not None:
+                result.usage.add(usage)
+                self._goals[instruction] = (goals, None)  # count the parse once
+            result.scores.append({"parsed_goal": None if goals is None else [a if w else f"not {a}" for a, w in goals]})
         for step in range(1, self.config.max_steps + 1):
             cands = candidates(world, self.library, state)
             texts = [c.text for c in cands] + [DONE]
@@ -168,7 +220,8 @@ class LLMPlanner:
             if self.config.mode == "saycan":
                 logliks, usage = self.backend.score(step_prompt, options)
                 _check_scores(self.backend.name, logliks, len(options))
-                values = [self.library.get(c.skill).affordance(world, c.args, state) for c in cands] + [1.0]
+                values = [self.library.get(c.skill).affordance(world, c.args, state) for c in cands]
+                values.append(saycan.done_value(None if goals is None else satisfied(state, goals), self.config.done_unmet))
                 best, scores = saycan.select(logliks, values)
                 result.scores.append({texts[i]: {"loglik": round(logliks[i], 4), "value": values[i],
                                                  "score": round(scores[i], 4)} for i in range(len(texts))})

@@ -22,3 +22,16 @@ def select(logliks: list[float], values: list[float]) -> tuple[int, list[float]]
     scores = [combine(l, v) for l, v in zip(logliks, values)]
     best = max(range(len(scores)), key=lambda i: (scores[i], -i))
     return best, scores
+
+
+def done_value(goal_holds: bool | None, unmet: float = 0.02) -> float:
+    """Affordance of "done": 1 when the parsed goal holds (or no goal was parsed: None), else `unmet`.
+
+    Multiplied with p_LLM("done"), so the plan only stops early when the model is much surer of "done"
+    than of any feasible step (issue 19: SmolLM2 said "done" too early).
+    """
+    if goal_holds is None or goal_holds:
+        return 1.0
+    if not 0.0 <= unmet <= 1.0:
+        raise ValueError(f"done value for an unmet goal must be in [0, 1], got {unmet}")
+    return unmet

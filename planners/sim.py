@@ -12,25 +12,17 @@ import dataclasses
 
 import numpy as np
 
-from planners import symbolic as sym
 from planners.base import SubGoal, World
 from planners.skills import SkillLibrary, manipulation_skills
+from sims import predicates
+from sims.manip_language import region_words
+from sims.predicates import DRAWER_CLOSED_M, DRAWER_OPEN_M, WINDOW_CLOSED_M, WINDOW_OPEN_M
 from sims.scene import Scene, SceneObject
 
 # free table spots per suite kind, away from every OGBench task's start and goal positions
 STAGING = {"cube": (0.30, -0.15, 0.02), "scene": (0.45, 0.0, 0.02)}
-DRAWER_OPEN_M, DRAWER_CLOSED_M = -0.16, 0.0
-WINDOW_OPEN_M, WINDOW_CLOSED_M = 0.2, 0.0
 LIFT_Z_M = 0.12  # pick ends with the cube this high
 CLEAR_Z_M = 0.16  # skills end with the gripper above this height (out of the way)
-
-
-def region_words(pos) -> str:
-    """Where on the table, as seen from the front camera (+x toward it, +y to its right)."""
-    x, y = float(pos[0]), float(pos[1])
-    depth = "back" if x < 0.39 else ("front" if x > 0.46 else "")
-    side = "left" if y < -0.06 else ("right" if y > 0.06 else "")
-    return f"{depth} {side}".strip() or "center"
 
 
 def suite_kind(env) -> str:
@@ -203,7 +195,7 @@ class PlacePolicy(_OraclePolicy):
     def target_pos(self, info) -> np.ndarray:
         skill, target = self.subgoal.skill, self.subgoal.args[1]
         if skill == "place_on":
-            return info[f"privileged/block_{_cube_index(target)}_pos"] + np.array([0.0, 0.0, sym.CUBE_SIZE_M])
+            return info[f"privileged/block_{_cube_index(target)}_pos"] + np.array([0.0, 0.0, predicates.CUBE_SIZE_M])
         if skill == "place_in":
             handle = info["privileged/drawer_handle_pos"]
             return np.array([0.33, handle[1] - 0.17, 0.066])  # OGBench's drawer centre (0.33, -0.24) when open
@@ -287,7 +279,7 @@ class SlidePolicy(_OraclePolicy):
     def finished(self, info):
         # clear of the handle before the next skill (the window handle sits at 0.24 m; oracle: 0.28 m)
         clear_z = 0.18 if self.what == "drawer" else 0.30
-        return bool(abs(self.q - self.goal_q) <= 0.04 and info["proprio/effector_pos"][2] > clear_z)
+        return bool(predicates.slide_at(self.q, self.goal_q) and info["proprio/effector_pos"][2] > clear_z)
 
 
 class PressPolicy(_OraclePolicy):

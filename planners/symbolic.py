@@ -1,21 +1,20 @@
 """Symbolic state of a manipulation world: the ground atoms planners and the validator reason over.
 
 Atoms (strings, as `str(Predicate)`): holding(x), on(x,y), in(x,drawer), at(x,place), open(d),
-closed(d), locked(d), unlocked(d) (complementary pairs, so every
-skill's success condition is a set of true atoms). They are computed from object poses and articulation states with the same
-tolerances OGBench uses for its own success checks (4 cm), so a symbolic "true" matches the sim.
+closed(d), locked(d), unlocked(d) (complementary pairs, so every skill's success condition is a set
+of true atoms). Where the scene does not evaluate an atom itself, it is computed from object poses and
+articulation states with `sims.predicates`, the predicates the sims and the dataset labels use
+(OGBench's success tolerances), so a symbolic "true" matches the sim.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from planners.base import World
+from sims import predicates
 
 GRASPABLE = ("cube",)
-ARTICULATED = ("drawer", "window")
-AT_TOL_M = 0.04  # OGBench counts a cube at its target within 4 cm
-STACK_XY_TOL_M = 0.03
-CUBE_SIZE_M = 0.04
+ARTICULATED = predicates.SLIDES
 
 
 def _pos(obj) -> np.ndarray:
@@ -58,15 +57,13 @@ def _geometric_atoms(world: World) -> set[str]:
         for other in cubes:
             if other.id == c.id or other.id == held:
                 continue
-            q = _pos(other)
-            dz = p[2] - q[2]
-            if np.linalg.norm(p[:2] - q[:2]) < STACK_XY_TOL_M and 0.5 * CUBE_SIZE_M < dz < 1.5 * CUBE_SIZE_M:
+            if predicates.on(p, _pos(other)):
                 true.add(f"on({c.id},{other.id})")
         for d in world.objects:
             if d.kind == "drawer" and _in_drawer(p, d):
                 true.add(f"in({c.id},{d.id})")
         for place in world.places:
-            if np.linalg.norm(p - _pos(place)) <= AT_TOL_M:
+            if predicates.at(p, _pos(place)):
                 true.add(f"at({c.id},{place.id})")
     return true
 

@@ -11,16 +11,20 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from embodied.errors import CheckpointError
+from embodied.constants import STATE_KEY
+from embodied.errors import CheckpointError, UserError
 
-STATE_KEY = "observation.state"
 
-
-def state_of(obs: Any) -> np.ndarray:
-    """Accept the observation dict or a bare state vector."""
+def state_of(obs: Any, obs_dim: int | None = None) -> np.ndarray:
+    """Accept the observation dict or a bare state vector; with `obs_dim`, one of another width is refused
+    (a [2 * obs_dim] vector would otherwise be read as a batch of two)."""
     if isinstance(obs, dict):
         obs = obs[STATE_KEY]
-    return np.asarray(obs, dtype=np.float32)
+    state = np.asarray(obs, dtype=np.float32)
+    if obs_dim is not None and (state.ndim == 0 or state.shape[-1] != obs_dim):
+        raise UserError(f"{STATE_KEY} has shape {tuple(state.shape)} but this policy reads {obs_dim} values per "
+                        f"state; pass [{obs_dim}] or [B, {obs_dim}] (or [B, T, {obs_dim}] for a history)")
+    return state
 
 
 class Policy(torch.nn.Module):

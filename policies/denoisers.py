@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from embodied.errors import ConfigError
+
 
 class SinusoidalEmbedding(nn.Module):
     """t in [0, 1] -> [B, dim] sin/cos features (t scaled by 1000 so DDPM's integer steps separate)."""
@@ -137,8 +139,6 @@ DENOISERS = {"mlp": MLPDenoiser, "unet": UNet1DDenoiser, "transformer": Transfor
 
 
 def make_denoiser(name: str, horizon: int, act_dim: int, cond_dim: int, **kwargs) -> nn.Module:
-    from embodied.errors import ConfigError
-
     if name not in DENOISERS:
         raise ConfigError(f"denoiser={name!r} is unknown; valid: {', '.join(sorted(DENOISERS))}")
     kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()}

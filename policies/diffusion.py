@@ -21,15 +21,13 @@ on its std, so every denoising step has a log-probability.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch.nn import functional as F
 
-import policies
 from embodied.errors import ConfigError
 from policies.denoisers import make_denoiser
 from policies.generative import GenerativeChunkPolicy
+from policies.registry import register
 
 SAMPLERS = ("ddpm", "ddim")
 
@@ -41,7 +39,7 @@ def _scheduler_class(sampler: str):
     return DDPMScheduler if sampler == "ddpm" else DDIMScheduler
 
 
-@policies.register("diffusion")
+@register("diffusion")
 class DiffusionPolicy(GenerativeChunkPolicy):
     def __init__(self, obs_dim: int, act_dim: int, obs_horizon: int = 2, pred_horizon: int = 16,
                  execute_horizon: int | None = 8, denoiser: str = "unet", denoiser_kwargs: dict | None = None,
@@ -186,8 +184,3 @@ class DiffusionPolicy(GenerativeChunkPolicy):
         mean = co["a"][step_index] * x0 + co["b"][step_index] * x
         std = torch.clamp(co["sigma"][step_index], min=min_std).expand_as(mean)
         return mean, std
-
-
-def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """Elementwise log N(x; mean, std^2)."""
-    return -0.5 * ((x - mean) / std) ** 2 - std.log() - 0.5 * math.log(2 * math.pi)

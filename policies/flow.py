@@ -14,15 +14,15 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-import policies
 from embodied.errors import ConfigError
 from policies.denoisers import make_denoiser
 from policies.generative import GenerativeChunkPolicy
+from policies.registry import register
 
 SAMPLERS = ("euler", "onestep")
 
 
-@policies.register("flow")
+@register("flow")
 class FlowPolicy(GenerativeChunkPolicy):
     def __init__(self, obs_dim: int, act_dim: int, obs_horizon: int = 1, pred_horizon: int = 1,
                  execute_horizon: int | None = None, denoiser: str = "mlp", denoiser_kwargs: dict | None = None,

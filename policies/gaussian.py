@@ -6,16 +6,16 @@ import math
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 
-import policies
 from policies.base import Policy, state_of
+from policies.distributions import gaussian_log_prob_log_std, tanh_log_det
 from policies.mlp import mlp
+from policies.registry import register
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
 
-@policies.register("gaussian")
+@register("gaussian")
 class TanhGaussianPolicy(Policy):
     def __init__(self, obs_dim: int, act_dim: int, hidden: tuple[int, ...] | list[int] = (256, 256),
                  layernorm: bool = False, state_dependent_std: bool = True,
@@ -50,7 +50,7 @@ class TanhGaussianPolicy(Policy):
         noise = torch.randn_like(mean)
         pre_tanh = mean + log_std.exp() * noise
         # the Gaussian term from the noise itself: (pre_tanh - mean) / std is the noise, exactly
-        log_prob = -0.5 * noise.square() - log_std - (0.5 * math.log(2 * math.pi)) - _tanh_log_det(pre_tanh)
+        log_prob = -0.5 * noise.square() - log_std - (0.5 * math.log(2 * math.pi)) - tanh_log_det(pre_tanh)
         return torch.tanh(pre_tanh), log_prob.sum(-1)
 
     def log_prob(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
@@ -58,14 +58,14 @@ class TanhGaussianPolicy(Policy):
         mean, log_std = self(obs)
         action = action.clamp(-1 + 1e-5, 1 - 1e-5)
         pre_tanh = torch.atanh(action)
-        return (_gaussian_log_prob(pre_tanh, mean, log_std) - _tanh_log_det(pre_tanh)).sum(-1)
+        return (gaussian_log_prob_log_std(pre_tanh, mean, log_std) - tanh_log_det(pre_tanh)).sum(-1)
 
     def mode(self, obs: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self(obs)[0])
 
     @torch.no_grad()
     def act(self, obs, deterministic: bool = True) -> np.ndarray:
-        state = torch.as_tensor(state_of(obs), device=self.device)
+        state = torch.as_tensor(state_of(obs, self.obs_dim), device=self.device)
         single = state.ndim == 1
         state = state.reshape(-1, self.obs_dim)
         action = self.mode(state) if deterministic else self.sample_with_log_prob(state)[0]
@@ -74,15 +74,6 @@ class TanhGaussianPolicy(Policy):
 
     @torch.no_grad()
     def sample(self, obs, n: int) -> np.ndarray:
-        state = torch.as_tensor(state_of(obs), device=self.device).reshape(1, self.obs_dim)
+        state = torch.as_tensor(state_of(obs, self.obs_dim), device=self.device).reshape(1, self.obs_dim)
         action, _ = self.sample_with_log_prob(state.expand(n, -1))
         return action.float().cpu().numpy()[:, None, :]
-
-
-def _gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
-    return -0.5 * ((x - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
-
-
-def _tanh_log_det(pre_tanh: torch.Tensor) -> torch.Tensor:
-    """log(1 - tanh(u)^2), written stably."""
-    return 2.0 * (math.log(2.0) - pre_tanh - F.softplus(-2.0 * pre_tanh))

@@ -90,10 +90,8 @@ class GenerativeChunkPolicy(Policy):
     def _obs_batch(self, obs, remember: bool = True) -> tuple[torch.Tensor, bool]:
         """Single observation (history kept here), [B, obs] batch (history = the observation repeated),
         or explicit [B, To, obs] history."""
-        state = state_of(obs)
+        state = state_of(obs, self.obs_dim)
         if state.ndim == 1:
-            if state.shape[0] != self.obs_dim:
-                raise UserError(f"observation has {state.shape[0]} values; this policy expects obs_dim={self.obs_dim}")
             history = self._history if remember else deque(self._history, maxlen=self.obs_horizon)
             if not history:
                 history.extend([state] * self.obs_horizon)  # pad the episode start, as Diffusion Policy does

@@ -10,10 +10,12 @@ Backends register by type name; `robots.make(cfg, dry_run=True)` runs any robot 
 """
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 from embodied.errors import ConfigError, UserError
-from robots.base import Command, ControlMode, Robot, RobotConfig, RobotFault, RobotStateError, State
+from robots.base import Robot
+from robots.types import Command, ControlMode, RobotConfig, RobotFault, RobotStateError, State
 
 CONF_DIR = Path(__file__).parent / "conf"
 _BACKENDS: dict[str, str] = {  # type -> "module:Class", imported on use (SDKs are optional extras)
@@ -64,8 +66,6 @@ def make(config, dry_run: bool = False, **kwargs) -> Robot:
     if type_name not in _BACKENDS:
         raise ConfigError(f"robot type {type_name!r} is unknown; valid: {', '.join(sorted(_BACKENDS))}")
     module, cls = _BACKENDS[type_name].split(":")
-    import importlib
-
     try:
         backend = getattr(importlib.import_module(module), cls)
     except ImportError as err:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -19,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import zmq
 
+from embodied.constants import STATE_KEY
 from embodied.errors import UserError
 from robots.wire import WireError, pack, unpack
 
@@ -44,8 +47,6 @@ class PolicyServerError(RuntimeError):
 class PolicyClient:
     def __init__(self, address: str, token: str | None = None, max_age_ms: float = 1000.0,
                  max_bytes: int = 1 << 22):
-        import zmq
-
         self.zmq = zmq
         self.address, self.token = address, token
         self.max_age_s = float(max_age_ms) / 1e3
@@ -72,7 +73,7 @@ class PolicyClient:
 
     def request(self, obs: dict, obs_step: int, t_obs_s: float | None = None) -> int:
         """Send the observation (the server needs observation.state and joint_pos_rad)."""
-        keep = {k: np.asarray(v) for k, v in obs.items() if k in ("observation.state", "joint_pos_rad", "ee_pos_m")}
+        keep = {k: np.asarray(v) for k, v in obs.items() if k in (STATE_KEY, "joint_pos_rad", "ee_pos_m")}
         t = obs.get("timestamp_s", time.monotonic()) if t_obs_s is None else t_obs_s
         return self._send({"type": "infer", "obs": keep, "obs_step": int(obs_step), "t_obs_s": float(t)})
 
@@ -180,8 +181,6 @@ class LocalPolicyServer:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            import signal
-
             self.proc.send_signal(signal.SIGCONT)  # a stalled (SIGSTOPped) server must wake up to terminate
             self.proc.terminate()
             try:

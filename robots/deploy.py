@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -31,7 +32,11 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+import robots
+from embodied.constants import STATE_KEY
 from embodied.errors import ConfigError, UserError, exit_on_user_error
+from robots.client import LocalPolicyServer, PolicyClient
+from robots.types import RobotConfig, RobotFault, State
 
 CONF_DIR = Path(__file__).parent / "conf"
 log = logging.getLogger("robots.deploy")
@@ -88,10 +93,6 @@ def _server_args(cfg, rcfg) -> list[str]:
 
 def run(cfg: DictConfig, out_dir: Path, on_step=None) -> dict:
     """Deploy and record. `on_step(step, robot, context)` is a hook for tests and benchmarks."""
-    import robots
-    from robots.base import RobotConfig, RobotFault, State
-    from robots.client import LocalPolicyServer, PolicyClient
-
     if not cfg.policy:
         raise ConfigError("policy is not set; pass policy=<directory written by Policy.save()>")
     out_dir = Path(out_dir)
@@ -115,8 +116,6 @@ def run(cfg: DictConfig, out_dir: Path, on_step=None) -> dict:
             server = LocalPolicyServer(cfg.policy, args=_server_args(cfg, rcfg))
             address, token = server.address, server.token
         else:
-            import os
-
             address, token = str(cfg.policy_server), os.environ.get("EMBODIED_POLICY_TOKEN")
         client = PolicyClient(address, token=token, max_age_ms=cfg.max_chunk_age_ms)
         check_policy_spec(client, rcfg, cfg.policy)
@@ -229,8 +228,6 @@ class _realtime:
         self.priority, self.previous = priority, None
 
     def __enter__(self):
-        import os
-
         if self.priority > 0:
             try:
                 self.previous = (os.sched_getscheduler(0), os.sched_getparam(0))
@@ -242,8 +239,6 @@ class _realtime:
         return self
 
     def __exit__(self, *exc):
-        import os
-
         if self.previous is not None:
             os.sched_setscheduler(0, *self.previous)
 
@@ -274,7 +269,7 @@ class _Recorder:
         self.steps = 0
 
     def add(self, obs, sent, step, t, delay, events):
-        self.obs.append(np.asarray(obs["observation.state"], np.float32))
+        self.obs.append(np.asarray(obs[STATE_KEY], np.float32))
         self.actions.append(np.asarray(sent, np.float32))
         self.t.append(t)
         self.step_ids.append(step)
@@ -294,7 +289,7 @@ def _save(episodes, path: Path, rcfg, cfg, summary) -> Path:
     for rec in episodes:
         if not rec.actions:
             continue
-        final = rec.final_obs["observation.state"] if rec.final_obs is not None else rec.obs[-1]
+        final = rec.final_obs[STATE_KEY] if rec.final_obs is not None else rec.obs[-1]
         obs = np.stack(rec.obs + [np.asarray(final, np.float32)])
         eps.append(Episode(observations=obs, actions=np.stack(rec.actions), rewards=np.zeros(len(rec.actions)),
                            terminated=False, truncated=True))
@@ -360,8 +355,6 @@ def check_policy_spec(client, rcfg, policy) -> None:
 
 
 def check_robot_override(argv: list[str]) -> None:
-    import robots
-
     for arg in argv:
         key, sep, value = arg.partition("=")
         if sep and key == "robot" and value not in robots.names():

@@ -35,7 +35,8 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from robots.base import Command, ControlMode, RobotConfig, box_distance_m as _box_distance
+from robots.geometry import box_distance_m as _box_distance
+from robots.types import Command, ControlMode, RobotConfig
 
 TOL = 1e-9
 BACKEND_CONTRACT = """A joint command's velocity (position mode: towards its target) holds for one control

@@ -47,7 +47,9 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import zmq
 
+from embodied.constants import STATE_KEY
 from embodied.errors import ConfigError, UserError, exit_on_user_error
 from robots.wire import OversizedError, WireError, pack, unpack
 
@@ -57,7 +59,7 @@ DEFAULT_HARD_CAP_BYTES = 256 << 20   # zmq MAXMSGSIZE: beyond it the transport d
 DEFAULT_MAX_ABS = 1e6                # |value| bound on every observation number
 INT64_MAX = (1 << 63) - 1
 FIELDS = {"ping": ("type", "id", "token"), "infer": ("type", "id", "token", "obs", "obs_step", "t_obs_s")}
-OBS_KEYS = ("observation.state", "joint_pos_rad", "ee_pos_m")
+OBS_KEYS = (STATE_KEY, "joint_pos_rad", "ee_pos_m")
 # error kind -> the stats counter it increments
 ERROR_COUNTERS = {"malformed": "malformed", "invalid": "invalid", "unauthorized": "unauthorized",
                   "oversized": "oversized", "policy_error": "policy_errors", "nonfinite": "nonfinite",
@@ -161,8 +163,6 @@ class PolicyServer:
                  action_map: ActionMap | None = None, repeat: int = 1, extra_latency_ms: float = 0.0,
                  max_bytes: int = DEFAULT_MAX_BYTES, obs_dim: int | None = None,
                  hard_cap_bytes: int = DEFAULT_HARD_CAP_BYTES, max_abs: float = DEFAULT_MAX_ABS):
-        import zmq
-
         if host not in LOOPBACK and not token:
             raise UserError(f"policy server host={host!r} is not loopback; pass --token (an auth token) "
                             "or bind 127.0.0.1")
@@ -198,7 +198,7 @@ class PolicyServer:
                 **self.action_map.spec(), "required_obs": self._required_obs(), "max_bytes": self.max_bytes}
 
     def _required_obs(self) -> list[str]:
-        return ["observation.state", "joint_pos_rad"] if self.action_map.needs_joints else ["observation.state"]
+        return [STATE_KEY, "joint_pos_rad"] if self.action_map.needs_joints else [STATE_KEY]
 
     # -- request handling --------------------------------------------------------------------------
     def handle(self, raw: bytes) -> dict:
@@ -281,7 +281,7 @@ class PolicyServer:
         for key in obs:
             if key not in OBS_KEYS:
                 raise _Reject("invalid", f"unknown obs key {_show(key)}; expected only {', '.join(OBS_KEYS)}")
-        out = {"observation.state": self._vector(obs, "observation.state", self.obs_dim, required=True)}
+        out = {STATE_KEY: self._vector(obs, STATE_KEY, self.obs_dim, required=True)}
         joints_n = self.action_map.dof if self.action_map.needs_joints else None
         q = self._vector(obs, "joint_pos_rad", joints_n, required=self.action_map.needs_joints)
         ee = self._vector(obs, "ee_pos_m", 3, required=False)
@@ -357,8 +357,6 @@ class PolicyServer:
 
     # -- transport ---------------------------------------------------------------------------------
     def serve(self, max_requests: int | None = None) -> None:
-        import zmq
-
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         served = 0

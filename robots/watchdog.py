@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 
-from robots.base import State
+from robots.types import State
 
 
 class Watchdog:

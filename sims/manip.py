@@ -14,9 +14,14 @@ info["subgoals"] is the per-sub-goal truth, in the order of `subgoals()`.
 Each env exposes `scene()`, `subgoals()`, `instruction(rng)`, `describe(pred, rng)` (reach them with
 `env.get_wrapper_attr(name)`), the OGBench env at `env.unwrapped`, and optionally image and language
 observations (`images=("front",)`, `image_size=64`, `language=True`).
+
+This module builds the envs (suites, the OGBench base env, the task and observation wrappers, the
+registry entries); `sims.manip_scene` reads their state (sub-goals, their truths, the scene),
+`sims.manip_language` puts it into words, and `sims.predicates` defines the sub-goal predicates.
 """
 from __future__ import annotations
 
+import os
 import string
 from dataclasses import dataclass
 
@@ -25,14 +30,14 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.utils import RecordConstructorArgs
 
+from embodied.constants import TASK_KEY, image_key
 from embodied.errors import UserError
 from sims import wrappers
+from sims.manip_language import describe_predicate, instruction_text
+from sims.manip_scene import build_scene, task_subgoals
 from sims.registry import TaskSpec, register_task
-from sims.scene import Predicate, Scene, SceneObject
+from sims.scene import Predicate, Scene
 
-CUBE_COLORS = ("red", "blue", "orange", "green", "purple", "yellow", "magenta", "gray")  # OGBench's order
-SUCCESS_TOL_M = 0.04  # OGBench: a cube is at its target within 4 cm, a drawer/window within 4 cm
-DRAWER_OPEN_M, WINDOW_OPEN_M = -0.16, 0.2  # slide positions of the open drawer / window
 CAMERAS = ("front", "front_pixels")
 
 
@@ -120,8 +125,6 @@ _GL_HELP = ("set MUJOCO_GL=egl (NVIDIA/Mesa EGL), or `apt-get install libosmesa6
 def _mujoco():
     """`import mujoco`, which loads the OpenGL backend named by MUJOCO_GL at import time: a missing
     backend becomes a UserError that says how to install one, not a deep import traceback."""
-    import os
-
     try:
         import mujoco
     except (ImportError, AttributeError, OSError, RuntimeError) as err:
@@ -191,8 +194,6 @@ def make_base(name: str, *, mode: str = "task", task_id: int | None = None, max_
 # ------------------------------------------------------------------------------------------ GL check
 def check_gl(model, size: int = 8) -> None:
     """Make a tiny offscreen context; a UserError that says how to get one when none works."""
-    import os
-
     mujoco = _mujoco()
     try:
         renderer = mujoco.Renderer(model, height=size, width=size)
@@ -205,22 +206,21 @@ def check_gl(model, size: int = 8) -> None:
         ) from None
 
 
-# ------------------------------------------------------------------------------------------ scene
-def _region_words(pos) -> str:
-    """Where on the table, as seen from the front camera (+x toward the camera, +y to the right)."""
-    x, y = float(pos[0]), float(pos[1])
-    depth = "back" if x < 0.39 else ("front" if x > 0.46 else "")
-    side = "left" if y < -0.06 else ("right" if y > 0.06 else "")
-    if depth and side:
-        return f"{depth} {side}"
-    return depth or side or "center"
+def offscreen_renderer(env: gymnasium.Env, size: int):
+    """A MuJoCo offscreen renderer of `env`'s model, shadows and reflections off (much faster at small
+    sizes), after checking that an OpenGL backend works."""
+    wrappers.disable_costly_rendering(env)
+    model = env.unwrapped.model
+    check_gl(model)
+    return _mujoco().Renderer(model, height=size, width=size)
 
 
-def _grid_words(index: int, rows: int, cols: int) -> str:
-    r, c = divmod(index, cols)
-    if rows == 3 and cols == 3:
-        return f"{('back', 'middle', 'front')[r]} {('left', 'center', 'right')[c]}".replace("middle center", "center")
-    return f"row {r + 1}, column {c + 1}"
+def task_info(name: str, task_id: int) -> dict:
+    """OGBench's definition of task `task_id` (1-based) of a suite: goal poses and states (`task_infos`)."""
+    env = make_base(suite_of(name).name, mode="task", task_id=task_id)
+    info = env.unwrapped.task_infos[task_id - 1]
+    env.close()
+    return info
 
 
 class ManipTask(gymnasium.Wrapper, RecordConstructorArgs):
@@ -322,176 +322,6 @@ class ManipTask(gymnasium.Wrapper, RecordConstructorArgs):
         return describe_predicate(self.env.unwrapped, self.suite.kind, pred, rng)
 
 
-def _cube_count(base) -> int:
-    return int(getattr(base, "_num_cubes", 0))
-
-
-def task_subgoals(base, kind: str) -> list[Predicate]:
-    """The current task's sub-goals, in the order of OGBench's `_compute_successes`."""
-    if kind == "cube":
-        return [Predicate("at", (f"cube_{i}", f"target_{i}")) for i in range(_cube_count(base))]
-    if kind == "scene":
-        buttons = np.asarray(base._target_button_states).reshape(-1)
-        preds = [Predicate("at", (f"cube_{i}", f"target_{i}")) for i in range(_cube_count(base))]
-        preds += [Predicate("unlocked" if buttons[0] else "locked", ("drawer",)),
-                  Predicate("unlocked" if buttons[1] else "locked", ("window",))]
-        preds.append(Predicate("open" if base._target_drawer_pos < -0.08 else "closed", ("drawer",)))
-        preds.append(Predicate("open" if base._target_window_pos > 0.1 else "closed", ("window",)))
-        return preds
-    targets = np.asarray(base._target_button_states).reshape(-1)
-    return [Predicate("blue" if t else "red", (f"button_{i}",)) for i, t in enumerate(targets)]
-
-
-def build_scene(base, kind: str) -> Scene:
-    """Objects, gripper and every ground predicate's truth from the live MuJoCo state."""
-    data = base._data
-    info = base.compute_ob_info()
-    objects, truths = [], {}
-    eff = np.asarray(info["proprio/effector_pos"], float)
-    closed_on_something = float(info["proprio/gripper_contact"][0]) > 0.5
-    holding = None
-    n_cubes = _cube_count(base)
-    cube_pos = [np.asarray(data.joint(f"object_joint_{i}").qpos[:3], float) for i in range(n_cubes)]
-    colors = CUBE_COLORS if kind == "cube" else ("red", "blue")
-    for i, pos in enumerate(cube_pos):
-        quat = tuple(float(q) for q in data.joint(f"object_joint_{i}").qpos[3:7])
-        target = np.asarray(data.mocap_pos[base._cube_target_mocap_ids[i]], float)
-        held = closed_on_something and np.linalg.norm(pos - eff) <= 0.03
-        if held:
-            holding = f"cube_{i}"
-        state = {"at_target": bool(np.linalg.norm(pos - target) <= SUCCESS_TOL_M), "held": bool(held)}
-        objects.append(SceneObject(f"cube_{i}", f"{colors[i]} cube", "cube", colors[i], tuple(map(float, pos)), quat, state))
-        objects.append(SceneObject(f"target_{i}", f"target of the {colors[i]} cube", "target", colors[i],
-                                   tuple(map(float, target)), None, {}))
-        truths[f"at(cube_{i},target_{i})"] = state["at_target"]
-        truths[f"holding(cube_{i})"] = bool(held)
-    for i in range(n_cubes):
-        for j in range(n_cubes):
-            if i != j:
-                dz = cube_pos[i][2] - cube_pos[j][2]
-                on = np.linalg.norm(cube_pos[i][:2] - cube_pos[j][:2]) <= 0.02 and 0.03 <= dz <= 0.05
-                truths[f"on(cube_{i},cube_{j})"] = bool(on)
-    if kind == "scene":
-        buttons = np.asarray(base._cur_button_states).reshape(-1)
-        drawer = float(data.joint("drawer_slide").qpos[0])
-        window = float(data.joint("window_slide").qpos[0])
-        drawer_open, drawer_closed = drawer <= DRAWER_OPEN_M + SUCCESS_TOL_M, drawer >= -SUCCESS_TOL_M
-        window_open, window_closed = window >= WINDOW_OPEN_M - SUCCESS_TOL_M, window <= SUCCESS_TOL_M
-        objects.append(SceneObject("drawer", "drawer", "drawer", None, tuple(map(float, data.site_xpos[base._drawer_site_id])),
-                                   None, {"open": drawer_open, "closed": drawer_closed, "open_frac": drawer / DRAWER_OPEN_M,
-                                          "locked": bool(buttons[0] == 0)}))
-        objects.append(SceneObject("window", "window", "window", None, tuple(map(float, data.site_xpos[base._window_site_id])),
-                                   None, {"open": window_open, "closed": window_closed, "open_frac": window / WINDOW_OPEN_M,
-                                          "locked": bool(buttons[1] == 0)}))
-        for i, what in enumerate(("drawer", "window")):
-            color = "red" if buttons[i] == 0 else "white"
-            objects.append(SceneObject(f"button_{i}", f"{what} lock button", "button", color,
-                                       tuple(map(float, data.site_xpos[base._button_site_ids[i]])), None,
-                                       {"unlocks": what, "state": int(buttons[i]), "locked": bool(buttons[i] == 0)}))
-            truths[f"locked({what})"] = bool(buttons[i] == 0)
-            truths[f"unlocked({what})"] = bool(buttons[i] == 1)
-        truths.update({"open(drawer)": drawer_open, "closed(drawer)": drawer_closed,
-                       "open(window)": window_open, "closed(window)": window_closed})
-        for i, pos in enumerate(cube_pos):
-            truths[f"in(cube_{i},drawer)"] = bool(base._is_in_drawer(pos))
-    if kind == "puzzle":
-        buttons = np.asarray(base._cur_button_states).reshape(-1)
-        rows, cols = base._num_rows, base._num_cols
-        for i, state in enumerate(buttons):
-            color = "blue" if state else "red"
-            objects.append(SceneObject(f"button_{i}", f"{_grid_words(i, rows, cols)} button", "button", color,
-                                       tuple(map(float, data.site_xpos[base._button_site_ids[i]])), None,
-                                       {"state": int(state), "row": i // cols, "col": i % cols}))
-            truths[f"blue(button_{i})"] = bool(state == 1)
-            truths[f"red(button_{i})"] = bool(state == 0)
-    gripper = {"pos_m": tuple(map(float, eff)), "opening": float(info["proprio/gripper_opening"][0]),
-               "holding": holding}
-    return Scene(objects=tuple(objects), gripper=gripper, truths=truths)
-
-
-# ------------------------------------------------------------------------------------------ language
-_CUBE_TEMPLATES = ("put the {obj} {at}", "move the {obj} {to}", "place the {obj} {at}",
-                   "bring the {obj} {to}", "pick up the {obj} and set it down {at}")
-_STACK_TEMPLATES = ("put the {a} cube on the {b} one", "stack {a} on {b}", "place the {a} cube on top of the {b} cube",
-                    "stack the {a} cube onto the {b} cube", "pick up the {a} cube and put it on the {b} cube")
-_PHRASES = {
-    "open(drawer)": ("open the drawer", "pull the drawer open", "slide the drawer out"),
-    "closed(drawer)": ("close the drawer", "push the drawer shut", "slide the drawer closed"),
-    "open(window)": ("open the window", "slide the window open", "push the window open"),
-    "closed(window)": ("close the window", "slide the window shut", "push the window closed"),
-    "locked(drawer)": ("lock the drawer", "press the drawer button so the drawer is locked", "make sure the drawer is locked"),
-    "unlocked(drawer)": ("unlock the drawer", "press the drawer button to unlock the drawer", "make sure the drawer is unlocked"),
-    "locked(window)": ("lock the window", "press the window button so the window is locked", "make sure the window is locked"),
-    "unlocked(window)": ("unlock the window", "press the window button to unlock the window", "make sure the window is unlocked"),
-}
-_BUTTON_TEMPLATES = ("turn the {name} {color}", "make the {name} {color}", "switch the {name} to {color}")
-_ALL_BUTTONS = ("make all the buttons {color}", "turn every button {color}", "set all the buttons to {color}")
-
-
-def _pick(options, rng) -> str:
-    return options[0] if rng is None else options[int(rng.integers(len(options)))]
-
-
-def _cube_target(base, i: int) -> np.ndarray:
-    return np.asarray(base._data.mocap_pos[base._cube_target_mocap_ids[i]], float)
-
-
-def describe_predicate(base, kind: str, pred: Predicate, rng=None) -> str:
-    """Natural-language text of one sub-goal; `rng` picks a paraphrase (None: the canonical one)."""
-    key = str(pred)
-    if key in _PHRASES:
-        return _pick(_PHRASES[key], rng)
-    colors = CUBE_COLORS if kind == "cube" else ("red", "blue")
-    if pred.name == "at" and len(pred.args) == 2 and pred.args[0].startswith("cube_"):
-        i = int(pred.args[0].split("_")[1])
-        if not 0 <= i < _cube_count(base):
-            raise UserError(f"unknown object {pred.args[0]!r} in {key}; cubes: cube_0..cube_{_cube_count(base) - 1}")
-        target = _cube_target(base, i)
-        for j in range(_cube_count(base)):  # stacked on another cube's target?
-            below = _cube_target(base, j)
-            if j != i and np.linalg.norm(target[:2] - below[:2]) <= 0.02 and 0.03 <= target[2] - below[2] <= 0.05:
-                return _pick(_STACK_TEMPLATES, rng).format(a=colors[i], b=colors[j])
-        if kind == "scene" and base._is_in_drawer(target):
-            at = to = "in the drawer"
-        else:
-            region = _region_words(target)
-            at = _pick(("at the {r} of the table", "on the {r} spot"), rng).format(r=region)
-            to = _pick(("to the {r} of the table", "over to the {r} spot"), rng).format(r=region)
-        return _pick(_CUBE_TEMPLATES, rng).format(obj=f"{colors[i]} cube", at=at, to=to)
-    if pred.name in ("blue", "red") and kind == "puzzle" and len(pred.args) == 1:
-        i = int(pred.args[0].split("_")[1])
-        name = f"{_grid_words(i, base._num_rows, base._num_cols)} button"
-        return _pick(_BUTTON_TEMPLATES, rng).format(name=name, color=pred.name)
-    if pred.name == "on" and len(pred.args) == 2:
-        a, b = (colors[int(x.split("_")[1])] for x in pred.args)
-        return _pick(_STACK_TEMPLATES, rng).format(a=a, b=b)
-    raise UserError(f"no description for predicate {key!r} in a {kind} task; sub-goals look like "
-                    f"{', '.join(str(p) for p in task_subgoals(base, kind)[:3])}")
-
-
-def _join(parts: list[str], rng) -> str:
-    if len(parts) == 1:
-        return parts[0]
-    style = 0 if rng is None else int(rng.integers(3))
-    if style == 0:
-        return ", ".join(parts[:-1]) + " and " + parts[-1]
-    if style == 1:
-        return "first " + ", then ".join(parts)
-    return "; ".join(parts)
-
-
-def instruction_text(base, kind: str, preds: list[Predicate], rng=None) -> str:
-    """One instruction for a set of sub-goals, with paraphrase variety drawn from `rng`."""
-    if kind == "puzzle":
-        colors = {p.name for p in preds}
-        all_preds = task_subgoals(base, kind)
-        if len({p.name for p in all_preds}) == 1 and rng is not None and rng.random() < 0.5:
-            return _pick(_ALL_BUTTONS, rng).format(color=all_preds[0].name)
-        if len(colors) == 1 and len(preds) == len(all_preds):
-            return _pick(_ALL_BUTTONS, rng).format(color=colors.pop())
-    return _join([describe_predicate(base, kind, p, rng) for p in preds], rng)
-
-
 # ------------------------------------------------------------------------------------------ observation
 class ManipObservation(gymnasium.ObservationWrapper, RecordConstructorArgs):
     """Adds `observation.images.<camera>` (uint8 HWC, shadows/reflections off) and `task` (the
@@ -502,7 +332,6 @@ class ManipObservation(gymnasium.ObservationWrapper, RecordConstructorArgs):
         super().__init__(env)
         self.images, self.image_size, self.language = tuple(images), int(image_size), bool(language)
         obs_spaces = dict(env.observation_space.spaces)
-        base = env.unwrapped
         self._renderer = None
         if self.images:
             bad = [c for c in self.images if c not in CAMERAS]
@@ -510,14 +339,12 @@ class ManipObservation(gymnasium.ObservationWrapper, RecordConstructorArgs):
                 raise UserError(f"unknown camera(s) {bad}: choose from {', '.join(CAMERAS)}")
             if not 16 <= self.image_size <= 512:
                 raise UserError(f"image_size={self.image_size} must be between 16 and 512 pixels")
-            wrappers.disable_costly_rendering(env)
-            check_gl(base.model)
-            self._renderer = _mujoco().Renderer(base.model, height=self.image_size, width=self.image_size)
+            self._renderer = offscreen_renderer(env, self.image_size)
             for cam in self.images:
-                obs_spaces[f"observation.images.{cam}"] = spaces.Box(
+                obs_spaces[image_key(cam)] = spaces.Box(
                     0, 255, shape=(self.image_size, self.image_size, 3), dtype=np.uint8)
         if self.language:
-            obs_spaces["task"] = spaces.Text(max_length=1000, charset=string.printable)
+            obs_spaces[TASK_KEY] = spaces.Text(max_length=1000, charset=string.printable)
         self.observation_space = spaces.Dict(obs_spaces)
 
     def observation(self, observation):
@@ -525,9 +352,9 @@ class ManipObservation(gymnasium.ObservationWrapper, RecordConstructorArgs):
             data = self.env.unwrapped._data
             for cam in self.images:
                 self._renderer.update_scene(data, camera=cam)
-                observation[f"observation.images.{cam}"] = self._renderer.render()
+                observation[image_key(cam)] = self._renderer.render()
         if self.language:
-            observation["task"] = self.env.get_wrapper_attr("current_instruction")()
+            observation[TASK_KEY] = self.env.get_wrapper_attr("current_instruction")()
         return observation
 
     def close(self):

@@ -1,7 +1,7 @@
 """Scene introspection: what a planner or a success detector may know about a manipulation scene.
 
 Plain dataclasses and predicate helpers, no simulator code: envs build a `Scene` from their live
-state (see sims/manip.py); planners read it. Predicates are ground atoms such as `on(cube_0,cube_1)`
+state (see sims/manip_scene.py); planners read it. Predicates are ground atoms such as `on(cube_0,cube_1)`
 or `open(drawer)`; `Scene.truths` maps `str(pred)` to its truth for every atom the env can evaluate.
 """
 from __future__ import annotations
@@ -88,8 +88,3 @@ class Scene:
     def true_predicates(self) -> list[Predicate]:
         """Every ground predicate that holds now, parsed (handy for prompts)."""
         return [Predicate.parse(k) for k, v in sorted(self.truths.items()) if v]
-
-
-def all_hold(scene: Scene, preds) -> bool:
-    """True when every predicate in `preds` holds in `scene` (the success test)."""
-    return all(scene.holds(p) for p in preds)

@@ -17,14 +17,14 @@ import gymnasium
 import numpy as np
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
+import sims
+from embodied.constants import STATE_KEY
 from embodied.errors import UserError
 
 CONTEXTS = ("spawn", "forkserver", "fork")
 
 
 def _make_one(name: str, seed: int | None, kwargs: dict):
-    import sims  # in a spawned worker this is the first import
-
     return sims.make(name, seed=seed, **kwargs)
 
 
@@ -37,8 +37,6 @@ def default_context(renders: bool) -> str:
 def make_vec(name: str, num_envs: int, *, asynchronous: bool = False, seed: int | None = None,
              context: str | None = None, autoreset: str = "next_step", **make_kwargs) -> gymnasium.vector.VectorEnv:
     """`num_envs` copies of `sims.make(name, **make_kwargs)`; copy i is seeded `seed + i`."""
-    import sims
-
     sims.spec(name)  # unknown names fail here, listing the valid ones
     if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
         raise UserError(f"num_envs={num_envs!r} must be a positive integer")
@@ -77,14 +75,14 @@ def rollout(vec: gymnasium.vector.VectorEnv, policy, num_steps: int, seed: int |
     succeeded = np.zeros(n, bool)
     resetting = np.zeros(n, bool)
     for _ in range(num_steps):
-        state = obs["observation.state"]
+        state = obs[STATE_KEY]
         action = vec.action_space.sample() if policy is None else np.asarray(policy(state), np.float32)
         obs, reward, terminated, truncated, info = vec.step(action)
         live = ~resetting
         out["observations"].append(state[live])
         out["actions"].append(action[live])
         out["rewards"].append(reward[live])
-        out["next_observations"].append(obs["observation.state"][live])
+        out["next_observations"].append(obs[STATE_KEY][live])
         out["terminals"].append(terminated[live])
         out["timeouts"].append((truncated & ~terminated)[live])
         running[live] += reward[live]

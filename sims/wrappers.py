@@ -7,7 +7,8 @@ from gymnasium import spaces
 from gymnasium.utils import RecordConstructorArgs
 from gymnasium.wrappers import RescaleAction
 
-STATE_KEY = "observation.state"
+from embodied.constants import STATE_KEY
+from embodied.errors import ConfigError, UserError
 
 
 class StateDictObservation(gymnasium.ObservationWrapper, RecordConstructorArgs):
@@ -65,8 +66,6 @@ class ChunkedActionWrapper(gymnasium.Wrapper):
     def __init__(self, env: gymnasium.Env, execute_horizon: int | None = None):
         super().__init__(env)
         if execute_horizon is not None and int(execute_horizon) < 1:
-            from embodied.errors import ConfigError
-
             raise ConfigError(f"execute_horizon={execute_horizon} must be >= 1 (or None: the whole chunk)")
         self.execute_horizon = None if execute_horizon is None else int(execute_horizon)
         self.single_action_space = env.action_space
@@ -87,8 +86,6 @@ class ChunkedActionWrapper(gymnasium.Wrapper):
             chunk = chunk[None]
         act_dim = self.single_action_space.shape[-1]
         if chunk.ndim != 2 or chunk.shape[-1] != act_dim:
-            from embodied.errors import UserError
-
             raise UserError(f"chunk has shape {chunk.shape}; pass [H, {act_dim}] actions")
         rows = chunk if self.execute_horizon is None else chunk[: self.execute_horizon]
         record = {k: [] for k in ("observations", "actions", "rewards", "next_observations", "terminated", "truncated")}

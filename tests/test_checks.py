@@ -87,6 +87,7 @@ def test_a_bad_utd_names_only_algo_utd(capsys, monkeypatch, tmp_path):
     assert "algo.utd" in line and "eval.episodes" not in line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override,expected", [("algo.utdd=4", "did you mean algo.utd?"),
                                                ("budget.online_steps=abc", "budget.online_steps='abc'")])
 def test_cli_subprocess_bad_value(override, expected, tmp_path):
@@ -97,6 +98,7 @@ def test_cli_subprocess_bad_value(override, expected, tmp_path):
     assert "Traceback" not in result.stderr and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_every_shipped_preset_passes_the_checks():
     """No false alarms: each preset under the smoke and default experiments is a valid config."""
     from embodied.config_check import check_config
@@ -128,6 +130,7 @@ def composer():
     return fn
 
 
+@pytest.mark.slow
 def test_resume_continues_with_the_runs_saved_config(tmp_path):
     run = saved_run(tmp_path)
     cfg = resume_config(run, ["resume=true"], composer())
@@ -154,6 +157,7 @@ def test_an_override_that_changes_a_resumed_run_is_an_error_naming_it(override, 
     assert names in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_resume_command_line_keeps_hydra_off_the_runs_files(tmp_path):
     run = saved_run(tmp_path)
     args = prepare_cli(["resume=true", f"hydra.run.dir={run}"])
@@ -230,11 +234,16 @@ def test_an_agent_option_the_preset_does_not_list_takes_effect():
     assert "+algo.offline_agent.expectile=0.9" in args and "+algo.offline_agent.beta=10.0" in args
     from hydra import compose, initialize_config_dir
 
-    from embodied.train import runner_config
+    from embodied.run_config import runner_config
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="train", overrides=args)
     assert runner_config(cfg).offline_agent["expectile"] == 0.9
+    # a switch knob the preset leaves at the runner's default (README documents it for wsrl)
+    args = prepare_cli(["algo=wsrl", "algo.switch_temperature=reset", "algo.switch_temperature_value=0.01"])
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=args)
+    assert runner_config(cfg).switch_temperature_value == 0.01
     with pytest.raises(ConfigError, match=r"not an option of the iql agent; did you mean "
                                           r"algo\.offline_agent\.expectile=0\.9\?"):
         prepare_cli(["algo=iql", "algo.offline_agent.expectil=0.9"])

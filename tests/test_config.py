@@ -8,7 +8,8 @@ from hydra import compose, initialize_config_dir
 
 from embodied import agents
 from embodied.errors import ConfigError
-from embodied.train import CONF_DIR, resolve_bf16, runner_config
+from embodied.run_config import resolve_bf16, runner_config
+from embodied.train import CONF_DIR
 
 
 def compose_train(overrides: list[str]):
@@ -99,6 +100,7 @@ def test_presets_leave_bf16_on_auto_and_a_forced_bf16_warns_on_an_avx2_cpu():
         assert resolve_bf16(True, "cpu", cpuinfo=avx2) is True
 
 
+@pytest.mark.slow
 def test_deterministic_chunk_acting_leaves_the_global_rng_alone():
     """Before: deterministic act_chunk reseeded the global (CPU and CUDA) RNG."""
     agent = agents.make("fql", 4, 2, {"hidden": (16,), "horizon": 3})
@@ -110,6 +112,7 @@ def test_deterministic_chunk_acting_leaves_the_global_rng_alone():
     assert np.array_equal(first, agent.act_chunk(obs, deterministic=True))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experiment", ["default", "smoke"])
 def test_every_preset_builds_its_agents_under_the_shipped_experiments(experiment):
     """Each preset's agent configs build from the composed config (the default experiment once set an option

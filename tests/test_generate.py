@@ -11,6 +11,8 @@ from embodied.data.d4rl import load_extras, load_hdf5
 from embodied.generate import spec_from_config
 from embodied.train import CONF_DIR
 
+pytestmark = pytest.mark.slow  # dataset generation through the CLI
+
 REPO = Path(__file__).resolve().parents[1]
 
 

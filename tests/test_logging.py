@@ -18,6 +18,7 @@ def quiet_wandb(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb_cache"))
 
 
+@pytest.mark.slow
 def test_lines_are_flushed_before_close_and_scalars_become_numbers(tmp_path):
     torch = pytest.importorskip("torch")
     logger = RunLogger(tmp_path, {"lr": 3e-4})
@@ -38,6 +39,7 @@ def test_online_lines_count_total_steps_after_offline_ones(tmp_path):
     assert [line["total_step"] for line in read_metrics(tmp_path)] == [1000, 1000, 1500]
 
 
+@pytest.mark.slow
 def test_killed_run_keeps_its_lines(tmp_path):
     script = textwrap.dedent(f"""
         import os, signal
@@ -112,6 +114,7 @@ def test_wandb_init_failure_warns_once_and_keeps_jsonl(tmp_path, monkeypatch):
     assert read_metrics(tmp_path)[0]["a"] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_offline_wandb_writes_local_run_and_resumes_same_id(tmp_path, monkeypatch):
     pytest.importorskip("wandb")

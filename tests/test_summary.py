@@ -101,6 +101,7 @@ def test_unreadable_summary_is_skipped_not_fatal(sweep, capsys):
     assert "warning: skipped" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make_dir", [True, False])
 def test_cli_error_on_empty_or_missing_dir(tmp_path, make_dir):
     target = tmp_path / "sweep"

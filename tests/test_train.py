@@ -35,6 +35,7 @@ def _cache(cache_dir, monkeypatch):
     monkeypatch.setenv("EMBODIED_CACHE", str(cache_dir))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("group", GROUPS)
 def test_every_config_composes_and_resolves(group):
     from omegaconf import OmegaConf
@@ -49,9 +50,10 @@ def smoke_overrides(preset: str, env: str = "pointmaze-umaze") -> list[str]:
     return [f"algo={preset}", f"env={env}", "experiment=smoke", "dataset=medium-replay"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_runs_end_to_end(preset, tmp_path):
-    cfg = compose_train(smoke_overrides(preset))
+    cfg = compose_train(smoke_overrides(preset) + ["log_every=20"])  # a train record every 20 gradient steps
     summary = run(cfg, tmp_path)
     written = json.loads((tmp_path / "summary.json").read_text())
     assert written["algo"] == preset and written["online_steps"] == 300
@@ -61,7 +63,11 @@ def test_every_preset_runs_end_to_end(preset, tmp_path):
     assert online_evals[-1]["step"] == 300 and 0.0 <= online_evals[-1]["eval/success"] <= 1.0
     if cfg.algo.offline_algo:
         assert summary["offline_score"] is not None
-        assert any(line["phase"] == "offline" and line["kind"] == "train" for line in lines) or cfg.budget.offline_steps < 500
+        # the offline phase took its whole budget of gradient steps, logging every log_every of them
+        offline_train = [line["step"] for line in lines if line["phase"] == "offline" and line["kind"] == "train"]
+        assert offline_train == list(range(cfg.log_every, cfg.budget.offline_steps + 1, cfg.log_every))
+        assert max(line["step"] for line in lines if line["phase"] == "offline") == cfg.budget.offline_steps
+        assert written["offline_steps"] == cfg.budget.offline_steps
         assert "switch/action_distance" in online_evals[-1]
     else:
         assert summary["offline_score"] is None and summary["dip"] is None
@@ -69,6 +75,7 @@ def test_every_preset_runs_end_to_end(preset, tmp_path):
         assert "switch/calibration_gap" in online_evals[-1]
 
 
+@pytest.mark.slow
 def test_dense_locomotion_preset_with_video(tmp_path):
     """CQL pretraining -> WSRL on Hopper from random data, with an mp4 of the final policy."""
     overrides = smoke_overrides("wsrl", env="hopper")
@@ -85,6 +92,7 @@ def cli(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProces
                           timeout=timeout)
 
 
+@pytest.mark.slow
 def test_bad_override_lists_valid_choices(tmp_path):
     result = cli("algo=wsrll", cwd=tmp_path)
     assert result.returncode == 2
@@ -101,6 +109,7 @@ BAD_DATASETS = {  # what is wrong -> the key the one-line error must name
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("defect", sorted(BAD_DATASETS))
 def test_bad_dataset_is_one_line_error(defect, tmp_path):
     import h5py
@@ -127,6 +136,7 @@ def test_bad_dataset_is_one_line_error(defect, tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_cli_main_job_and_kill_resume(tmp_path, cache_dir):
     """Run the CLI with non-default overrides and checkpoints, kill it hard mid-online, resume it with the README's
     command alone (the run's saved config, not the defaults: smoke's [64, 64] networks against the default
@@ -196,6 +206,7 @@ def test_cli_main_job_and_kill_resume(tmp_path, cache_dir):
     assert "model.safetensors is corrupt" in refused()
 
 
+@pytest.mark.slow
 def test_resume_of_a_finished_run_changes_nothing(tmp_path, cache_dir):
     run_dir = tmp_path / "run"
     assert cli("experiment=smoke", "algo=scratch", f"hydra.run.dir={run_dir}", cwd=tmp_path).returncode == 0
@@ -228,6 +239,7 @@ def check_failing_sweep(result: subprocess.CompletedProcess, sweep: Path) -> Non
     assert "scratch [algo.utd=1]" in summary.stdout and "scratch [algo.utd=2]" in summary.stdout
 
 
+@pytest.mark.slow
 def test_multirun_sweep_and_summary(tmp_path, cache_dir):
     sweep = tmp_path / "sweep"
     result = cli("-m", "experiment=smoke", "algo=naive,scratch", "seed=0,1",
@@ -242,18 +254,21 @@ def test_multirun_sweep_and_summary(tmp_path, cache_dir):
     assert "| naive | pointmaze-umaze | normalised | 2 |" in summary.stdout  # seeds 0 and 1
 
 
+@pytest.mark.slow
 def test_a_failing_job_fails_alone_with_the_basic_launcher(tmp_path, cache_dir):
     sweep = tmp_path / "sweep"
     result = cli("-m", *FAILING_SWEEP, f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=600)
     check_failing_sweep(result, sweep)
 
 
+@pytest.mark.slow
 def test_a_typo_in_a_sweep_key_stops_it_before_any_job(tmp_path):
     result = cli("-m", "experiment=smoke", "algo=naive,scratch", "algo.utdd=4", f"hydra.sweep.dir={tmp_path / 's'}",
                  cwd=tmp_path)
     assert result.returncode == 2 and "did you mean algo.utd?" in result.stderr and not (tmp_path / "s").exists()
 
 
+@pytest.mark.slow
 def test_resumed_sweep_skips_finished_jobs_and_runs_the_rest(tmp_path, cache_dir):
     """Re-running a sweep's command with resume=true: a finished job is left as it was, a job that never started
     runs now (and gets the .hydra/ files Hydra, told not to touch the existing jobs' ones, did not write)."""
@@ -274,6 +289,7 @@ def test_resumed_sweep_skips_finished_jobs_and_runs_the_rest(tmp_path, cache_dir
     assert "seed: 1" in (second / ".hydra" / "config.yaml").read_text()
 
 
+@pytest.mark.slow
 def test_multirun_on_a_local_ray_instance(tmp_path, cache_dir):
     """The path to a cluster: the same failing sweep through hydra-ray-launcher on a Ray instance it starts. The bad
     job returns its error instead of exiting, so Ray has no crashed worker to retry (it retried 3 times, then
@@ -288,7 +304,7 @@ def test_multirun_on_a_local_ray_instance(tmp_path, cache_dir):
 
 def test_bf16_setting():
     from embodied.errors import ConfigError
-    from embodied.train import resolve_bf16
+    from embodied.run_config import resolve_bf16
 
     assert resolve_bf16(True, "cpu") is True and resolve_bf16(False, "cuda") is False
     assert resolve_bf16("auto", "cuda:0") is False  # launch-bound at these sizes: measured slower on an H200
@@ -305,6 +321,7 @@ needs_device = pytest.mark.skipif(TEST_DEVICE.startswith("cuda") and not torch.c
                                   reason="needs a CUDA device (benchmarks/gpu_check.sh runs these on a GPU machine)")
 
 
+@pytest.mark.slow
 @needs_device
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_runs_on_cuda(preset, tmp_path):

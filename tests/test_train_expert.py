@@ -2,9 +2,12 @@
 import json
 
 import numpy as np
+import pytest
 
 import policies
 from embodied.train_expert import main
+
+pytestmark = pytest.mark.slow  # trains an expert end to end
 
 
 def test_train_expert_writes_loadable_levels(tmp_path):

@@ -30,7 +30,7 @@ import torch
 from embodied.agents.nets import adam, soft_update
 from embodied.agents.sac import SAC, SACConfig
 from embodied.errors import ConfigError
-from policies.gaussian import _gaussian_log_prob, _tanh_log_det
+from policies.distributions import gaussian_log_prob_log_std, tanh_log_det
 
 
 @dataclass
@@ -58,7 +58,7 @@ class CQLConfig(SACConfig):
 def sample_tanh_gaussian(mean: torch.Tensor, log_std: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """n samples per row from the policy's output: ([n, B, A] actions, [n, B] log-densities)."""
     pre_tanh = mean + log_std.exp() * torch.randn((n, *mean.shape), device=mean.device, dtype=mean.dtype)
-    log_prob = (_gaussian_log_prob(pre_tanh, mean, log_std) - _tanh_log_det(pre_tanh)).sum(-1)
+    log_prob = (gaussian_log_prob_log_std(pre_tanh, mean, log_std) - tanh_log_det(pre_tanh)).sum(-1)
     return torch.tanh(pre_tanh), log_prob
 
 

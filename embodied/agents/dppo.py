@@ -32,10 +32,11 @@ from embodied import agents
 from embodied.agents.chunking import GenerativeChunkActing
 from embodied.agents.base import Agent
 from embodied.agents.nets import ValueEnsemble, adam, to_torch
-from embodied.agents.runner import Runner, _mean
+from embodied.agents.runner import Runner, mean_metrics
 from embodied.errors import ConfigError
 from policies.base import STATE_KEY
-from policies.diffusion import DiffusionPolicy, gaussian_log_prob
+from policies.diffusion import DiffusionPolicy
+from policies.distributions import gaussian_log_prob
 
 
 @dataclass
@@ -371,7 +372,7 @@ class DPPORunner(Runner):
                                         "returns": ret.reshape(-1)}, actor=loop.iteration >= dcfg.critic_warmup_iters))
             loop.iteration += 1
             step = min(self.online_step, cfg.online_steps)
-            self.logger.log({**_mean(window), "online/env_steps": self.online_step, "total_step": self.offline_step + step},
+            self.logger.log({**mean_metrics(window), "online/env_steps": self.online_step, "total_step": self.offline_step + step},
                             step=step, phase="online", kind="train")
             window = []
             if step >= next_eval or step >= cfg.online_steps:

@@ -106,6 +106,11 @@ class RunnerConfig:
 
 
 SWITCH_TEMPERATURE = ("keep", "reset", "fast", "refit")
+# The RunnerConfig fields an algo preset sets (conf/algo/*.yaml, as algo.<name>); the others come from the
+# budget, eval, env, checkpoint and run-level keys. A knob a preset leaves out keeps the default above.
+SWITCH_KNOBS = ("offline_algo", "online_algo", "utd", "critic_only_utd", "offline_ratio", "warmup_steps",
+                "random_steps", "reinit_critic", "reset_optimizers", "switch_temperature", "switch_temperature_value",
+                "switch_temperature_steps", "switch_temperature_lr_scale", "actor_delay_steps")
 CHUNK_EVAL_ENVS = 5  # chunk agents run on manipulation tasks, whose envs hold ~100 MB each: evaluate in waves
 
 
@@ -242,7 +247,7 @@ class Runner:
             bar.update(1)
             step = self.offline_step
             if step % cfg.log_every == 0:
-                self.logger.log({**_mean(window), "total_step": step}, step=step, phase="offline", kind="train")
+                self.logger.log({**mean_metrics(window), "total_step": step}, step=step, phase="offline", kind="train")
                 window = []
             if step % cfg.eval_every_offline == 0 or step == cfg.offline_steps:
                 record = self.evaluate(step, step)
@@ -311,7 +316,7 @@ class Runner:
         window = [self.agent.update_actor_and_alpha(to_torch(self._batch(sampler, self.cfg.online_batch_size),
                                                              self.agent.device))
                   for _ in range(self.cfg.switch_temperature_steps)]
-        self.logger.log({**_mean([{k: float(v) for k, v in m.items()} for m in window]),
+        self.logger.log({**mean_metrics([{k: float(v) for k, v in m.items()} for m in window]),
                          "total_step": self.offline_step + self.online_step},
                         step=self.online_step, phase="online", kind="refit")
 
@@ -365,7 +370,7 @@ class Runner:
                     self._set_alpha_lr(self.agent.cfg.alpha_lr)
             bar.update(1)
             if step % cfg.log_every == 0 and window:
-                self.logger.log({**_mean(window), "total_step": self.offline_step + step}, step=step, phase="online",
+                self.logger.log({**mean_metrics(window), "total_step": self.offline_step + step}, step=step, phase="online",
                                 kind="train")
                 window = []
             if step % cfg.eval_every_online == 0 or step == cfg.online_steps or step in eval_steps:
@@ -571,6 +576,7 @@ class Runner:
         return True
 
 
-def _mean(window: list[dict]) -> dict:
+def mean_metrics(window: list[dict]) -> dict:
+    """A window of per-update metric dicts -> one record of their means, keys prefixed train/."""
     keys = window[0].keys() if window else []
     return {f"train/{k}": float(np.mean([m[k] for m in window])) for k in keys}

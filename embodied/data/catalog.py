@@ -1,22 +1,25 @@
 """Named offline datasets (env x quality x size x seed), generated on first use and cached as HDF5.
 
 D4RL's qualities, remade locally with the `sims` expert policies, because gymnasium v5 physics
-differ from the v2 envs the original files were recorded in.
+differ from the v2 envs the original files were recorded in. Manipulation tasks get OGBench-style
+oracle data from `embodied.data.ogbench_gen`; files are cached where `embodied.data.cache` says.
 """
 from __future__ import annotations
 
 import inspect
 import numbers
-import os
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 
+import sims
+from embodied.data import ogbench_gen
+from embodied.data.cache import dataset_path
 from embodied.data.d4rl import load_hdf5, save_hdf5
 from embodied.data.dataset import Dataset, concat
 from embodied.data.generate import GENERATOR_VERSION, collect
 from embodied.errors import DatasetError
+from sims.manip import MANIP_NAMES
 
 
 @dataclass(frozen=True)
@@ -40,34 +43,14 @@ RECIPES: dict[str, list[Part]] = {
 QUALITIES = tuple(RECIPES)
 
 
-def cache_root(cache_dir=None) -> Path:
-    """cache_dir, else $EMBODIED_CACHE, else $XDG_CACHE_HOME/embodied, else ~/.cache/embodied."""
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    if os.environ.get("EMBODIED_CACHE"):
-        return Path(os.environ["EMBODIED_CACHE"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(xdg).expanduser() / "embodied"
-
-
-def dataset_path(env: str, quality: str, size: int, seed: int = 0, cache_dir=None) -> Path:
-    return cache_root(cache_dir) / "datasets" / f"{env}-{quality}-{size}-s{seed}.hdf5"
-
-
 def _is_manip(env: str) -> bool:
     """Manipulation tasks get their data from OGBench's oracles (embodied.data.ogbench_gen)."""
-    try:
-        from sims.manip import MANIP_NAMES
-    except ImportError:
-        return False
     return env in MANIP_NAMES
 
 
 def check_request(env: str, quality: str, size: int, seed: int = 0) -> None:
     """Reject a bad request before any env is built or file touched."""
     if _is_manip(env):
-        from embodied.data import ogbench_gen
-
         ogbench_gen.check_spec(ogbench_gen.GenSpec(env, quality, size, seed))
         return
     if quality not in RECIPES:
@@ -76,8 +59,6 @@ def check_request(env: str, quality: str, size: int, seed: int = 0) -> None:
         raise DatasetError(f"dataset size={size!r} must be a positive integer number of transitions")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise DatasetError(f"dataset seed={seed!r} must be a non-negative integer")
-    import sims
-
     if env not in sims.names():
         raise DatasetError(f"unknown env '{env}' for a dataset: choose one of {', '.join(sims.names())}")
 
@@ -87,12 +68,8 @@ def load_dataset(env: str, quality: str, size: int, seed: int = 0, *, cache_dir=
     generator version is regenerated rather than silently reused."""
     check_request(env, quality, size, seed)
     if _is_manip(env):
-        from embodied.data import ogbench_gen
-
         return ogbench_gen.load_or_generate(ogbench_gen.GenSpec(env, quality, int(size), int(seed)),
                                             cache_dir=cache_dir, progress=progress)
-    import sims
-
     spec = sims.spec(env)
     path = dataset_path(env, quality, int(size), int(seed), cache_dir)
     if path.is_file():
@@ -108,8 +85,6 @@ def load_dataset(env: str, quality: str, size: int, seed: int = 0, *, cache_dir=
 
 def generate(env: str, quality: str, size: int, seed: int = 0, *, progress: bool = True) -> Dataset:
     """Record the recipe's shares back to back, each with its own env and seed stream."""
-    import sims
-
     recipe = RECIPES[quality]
     shares = [size // len(recipe) + (i < size % len(recipe)) for i in range(len(recipe))]
     parts, episodes, successes = [], 0, None

@@ -15,6 +15,7 @@ import h5py
 import numpy as np
 
 from embodied.data.dataset import ARRAY_KEYS, FLOAT_KEYS, Dataset
+from embodied.data.ogbench_npz import is_npz, load_ogbench_npz
 from embodied.errors import DatasetError
 
 REQUIRED_KEYS = ("observations", "actions", "rewards", "terminals", "timeouts")
@@ -70,9 +71,7 @@ def load_hdf5(path, *, cached: bool = False) -> Dataset:
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"no dataset file at {path}: check the path or generate the dataset")
-    if path.suffix == ".npz" or (not h5py.is_hdf5(path) and _is_npz(path)):
-        from embodied.data.ogbench_npz import load_ogbench_npz
-
+    if path.suffix == ".npz" or (not h5py.is_hdf5(path) and is_npz(path)):
         return load_ogbench_npz(path, cached=cached)
     try:
         with h5py.File(path, "r") as f:
@@ -109,12 +108,6 @@ def load_hdf5(path, *, cached: bool = False) -> Dataset:
     ds = Dataset(**arrays, metadata=metadata)
     ds.validate()
     return ds
-
-
-def _is_npz(path: Path) -> bool:
-    from embodied.data.ogbench_npz import is_npz
-
-    return is_npz(path)
 
 
 def load_extras(path, keys=None) -> dict[str, np.ndarray]:

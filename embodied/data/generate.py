@@ -6,6 +6,7 @@ from typing import Callable
 import numpy as np
 from tqdm.auto import tqdm
 
+from embodied.constants import STATE_KEY
 from embodied.data.dataset import Dataset
 from embodied.errors import ConfigError
 
@@ -15,7 +16,7 @@ GENERATOR_VERSION = 1
 def state_of(obs) -> np.ndarray:
     """The flat state vector of an observation dict (`observation.state`) or a plain array."""
     if isinstance(obs, dict):
-        obs = obs["observation.state"]
+        obs = obs[STATE_KEY]
     return np.asarray(obs, dtype=np.float32).reshape(-1)
 
 

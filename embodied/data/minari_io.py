@@ -20,7 +20,10 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.registration import EnvSpec
 
+import sims
+from embodied.constants import STATE_KEY
 from embodied.data.dataset import Dataset
 from embodied.errors import DatasetError
 
@@ -49,25 +52,20 @@ class StateObservation(gym.ObservationWrapper):
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
-        self.observation_space = env.observation_space["observation.state"]
+        self.observation_space = env.observation_space[STATE_KEY]
 
     def observation(self, observation):
-        return observation["observation.state"]
+        return observation[STATE_KEY]
 
 
 def make_state_env(name: str, **kwargs) -> gym.Env:
     """gymnasium entry point recorded in Minari's env_spec: `sims.make(name)` with flat observations."""
-    import sims
-
     return StateObservation(sims.make(name, **kwargs))
 
 
 def env_spec_for(env_id: str, ds: Dataset) -> gym.envs.registration.EnvSpec:
     """The EnvSpec Minari records for `env_id` (an embodied task name or a registered gymnasium id),
     after checking that the env's spaces are the dataset's."""
-    import sims
-    from gymnasium.envs.registration import EnvSpec
-
     if env_id in sims.names():
         task = sims.spec(env_id)
         dims = (task.obs_dim, task.act_dim)

@@ -28,11 +28,11 @@ import numpy as np
 
 from embodied.data.dataset import Dataset
 from embodied.errors import DatasetError, UserError
+from sims import manip, predicates
 
 TIMINGS = ("next", "current")
 QPOS_OBJECTS = 14  # OGBench: the first 14 qpos entries are the arm and gripper; each cube then has 7
 CUBE_QPOS = 7
-TOLERANCE_M = 0.04
 
 
 def is_npz(path) -> bool:
@@ -45,17 +45,15 @@ def is_npz(path) -> bool:
 
 def env_from_name(path: Path) -> str:
     """The embodied task an OGBench file name is about: `<env>-<kind>-v0[-val].npz` -> `<env>`."""
-    from sims.manip import SUITES
-
     stem = path.name[: -len(".npz")] if path.name.endswith(".npz") else path.stem
     if stem.startswith("visual-"):
         raise DatasetError(f"{path.name} is a visual OGBench dataset (image observations): only state datasets can "
                            f"be read; use {path.name[len('visual-'):]} instead")
-    for name in sorted(SUITES, key=len, reverse=True):
+    for name in sorted(manip.SUITES, key=len, reverse=True):
         if stem.startswith(name + "-"):
             return name
     raise DatasetError(f"cannot tell which env {path.name} is from: OGBench names its files <env>-<kind>-v0.npz "
-                       f"(env one of {', '.join(SUITES)}); rename it that way, or call "
+                       f"(env one of {', '.join(manip.SUITES)}); rename it that way, or call "
                        "embodied.data.ogbench_npz.load_ogbench_npz(path, env=...)")
 
 
@@ -67,8 +65,6 @@ def load_ogbench_npz(path, env: str | None = None, task_id: int | None = None, r
     sub-goals define the reward (default: OGBench's default task for that env, as `sims.make` uses);
     reward_timing: "next" (state reached, the sims' convention) or "current" (OGBench's relabelling).
     """
-    from sims.manip import suite_of
-
     path = Path(path)
     if reward_timing not in TIMINGS:
         raise DatasetError(f"reward_timing={reward_timing!r}: choose one of {', '.join(TIMINGS)}")
@@ -77,7 +73,7 @@ def load_ogbench_npz(path, env: str | None = None, task_id: int | None = None, r
         raise DatasetError(f"env={env!r}: OGBench files carry no goals for goal-conditioned observations; use "
                            f"{env[: -len('-goal')]!r}")
     try:
-        suite = suite_of(env)
+        suite = manip.suite_of(env)
     except UserError:
         raise DatasetError(f"env={env!r} is not a manipulation task with OGBench data: pass one of cube-single, "
                            "cube-double, scene, puzzle-3x3, puzzle-4x4") from None
@@ -204,10 +200,9 @@ def _check(arrays: dict, path: Path, suite) -> int:
 
 
 def subgoal_truths(arrays: dict, rows: np.ndarray, suite, task_id: int, path: Path) -> np.ndarray:
-    """bool [len(rows), n]: OGBench's single-task sub-goals (cubes, buttons, drawer, window) at those rows."""
-    from embodied.data.ogbench_gen import _task_info
-
-    info = _task_info(suite, task_id)
+    """bool [len(rows), n]: OGBench's single-task sub-goals (cubes, buttons, drawer, window) at those rows,
+    by the predicates of `sims.predicates` (OGBench's success tests)."""
+    info = manip.task_info(suite.name, task_id)
     name = path.name
     parts = []
     if suite.kind in ("cube", "scene"):
@@ -216,16 +211,16 @@ def subgoal_truths(arrays: dict, rows: np.ndarray, suite, task_id: int, path: Pa
         qpos = _need(arrays, "qpos", name, QPOS_OBJECTS + CUBE_QPOS * len(goals) + extra)
         for i, goal in enumerate(goals):
             start = QPOS_OBJECTS + CUBE_QPOS * i
-            parts.append(np.linalg.norm(qpos[rows, start:start + 3] - goal, axis=1) <= TOLERANCE_M)
+            parts.append(predicates.at(qpos[rows, start:start + 3], goal))
     if suite.kind in ("scene", "puzzle"):
         target = np.asarray(info["goal"]["button_states"] if suite.kind == "scene" else info["goal_button_states"])
         target = target.reshape(-1)
         buttons = _need(arrays, "button_states", name, len(target))
-        parts.extend(buttons[rows, :len(target)].astype(np.int64).T == target[:, None].astype(np.int64))
+        parts.extend(predicates.buttons_match(buttons[rows, :len(target)].astype(np.int64).T, target[:, None].astype(np.int64)))
     if suite.kind == "scene":
         drawer = QPOS_OBJECTS + CUBE_QPOS * len(info["goal"]["block_xyzs"]) + len(info["goal"]["button_states"])
-        parts.append(np.abs(qpos[rows, drawer] - info["goal"]["drawer_pos"]) <= TOLERANCE_M)
-        parts.append(np.abs(qpos[rows, drawer + 1] - info["goal"]["window_pos"]) <= TOLERANCE_M)
+        parts.append(predicates.slide_at(qpos[rows, drawer], info["goal"]["drawer_pos"]))
+        parts.append(predicates.slide_at(qpos[rows, drawer + 1], info["goal"]["window_pos"]))
     return np.stack(parts, axis=1)
 
 

@@ -19,17 +19,11 @@ import time
 
 import numpy as np
 
+from embodied.constants import STATE_KEY
 from embodied.errors import ConfigError
-from robots.base import Command, ControlMode, Robot, RobotConfig, RobotFault, STATE_KEY
-
-
-def _rotvec_to_matrix(rv: np.ndarray) -> np.ndarray:
-    angle = float(np.linalg.norm(rv))
-    if angle < 1e-12:
-        return np.eye(3)
-    k = rv / angle
-    kx = np.array([[0, -k[2], k[1]], [k[2], 0, -k[0]], [-k[1], k[0], 0]])
-    return np.eye(3) + np.sin(angle) * kx + (1 - np.cos(angle)) * kx @ kx
+from robots.base import Robot
+from robots.geometry import rotvec_to_matrix
+from robots.types import Command, ControlMode, RobotConfig, RobotFault
 
 
 class FrankaRobot(Robot):
@@ -128,7 +122,7 @@ class FrankaRobot(Robot):
                 motion = f.JointVelocityMotion(cmd.values.tolist(), duration=f.Duration(hold_ms))
             else:
                 pose = self.robot.current_cartesian_state.pose.end_effector_pose
-                rot = _rotvec_to_matrix(cmd.values[3:6]) @ pose.matrix[:3, :3]
+                rot = rotvec_to_matrix(cmd.values[3:6]) @ pose.matrix[:3, :3]
                 target = np.eye(4)
                 target[:3, :3] = rot
                 target[:3, 3] = cmd.ee_target_m if cmd.ee_target_m is not None else pose.translation + cmd.values[:3]

@@ -20,7 +20,11 @@ import time
 
 import numpy as np
 
-from robots.base import Command, ControlMode, Robot, RobotConfig, RobotFault, STATE_KEY
+from embodied.constants import STATE_KEY
+from robots.base import Robot
+from robots.geometry import rotvec_to_matrix
+from robots.sim_model import ArmModel
+from robots.types import Command, ControlMode, RobotConfig, RobotFault
 
 
 def _real_sdk() -> dict:
@@ -35,9 +39,7 @@ def _real_sdk() -> dict:
 
 def _rotvec_compose(delta: np.ndarray, rotvec: np.ndarray) -> np.ndarray:
     """Rotation vector of R(delta) @ R(rotvec)."""
-    from robots.drivers.franka import _rotvec_to_matrix
-
-    r = _rotvec_to_matrix(delta) @ _rotvec_to_matrix(rotvec)
+    r = rotvec_to_matrix(delta) @ rotvec_to_matrix(rotvec)
     angle = np.arccos(np.clip((np.trace(r) - 1) / 2, -1.0, 1.0))
     if angle < 1e-9:
         return np.zeros(3)
@@ -80,8 +82,6 @@ class URRobot(Robot):
         except Exception as err:  # noqa: BLE001  ur_rtde raises RuntimeError on connection problems
             raise RobotFault(f"cannot connect to UR at {self.host}: {err}") from None
         if self.use_fk:
-            from robots.sim_arm import ArmModel
-
             self._kin = ArmModel()
 
     def _disconnect(self) -> None:
@@ -106,11 +106,10 @@ class URRobot(Robot):
             raise
         except Exception as err:  # noqa: BLE001
             raise RobotFault(f"RTDE receive: {err}") from None
-        from robots.drivers.franka import _rotvec_to_matrix
         import mujoco
 
         quat = np.zeros(4)
-        mujoco.mju_mat2Quat(quat, _rotvec_to_matrix(tcp[3:6]).reshape(-1))
+        mujoco.mju_mat2Quat(quat, rotvec_to_matrix(tcp[3:6]).reshape(-1))
         width = np.float32(self._width)
         return {STATE_KEY: np.append(q, width).astype(np.float32), "joint_pos_rad": q, "joint_vel_rad_s": qd,
                 "ee_pos_m": tcp[:3].astype(np.float32), "ee_quat_wxyz": quat.astype(np.float32),

@@ -17,7 +17,10 @@ import time
 
 import numpy as np
 
-from robots.base import Command, ControlMode, Robot, RobotConfig, RobotFault, STATE_KEY
+from embodied.constants import STATE_KEY
+from robots.base import Robot
+from robots.geometry import rotvec_to_matrix
+from robots.types import Command, ControlMode, RobotConfig, RobotFault
 
 MODE_SERVO, MODE_JOINT_VELOCITY = 1, 4
 
@@ -138,9 +141,7 @@ class XArmRobot(Robot):
             self._set_mode(MODE_SERVO)
             _, pose = self._call("get_position", is_radian=True)
             pos = cmd.ee_target_m if cmd.ee_target_m is not None else np.asarray(pose[:3]) / 1000 + cmd.values[:3]
-            from robots.drivers.franka import _rotvec_to_matrix
-
-            rpy = _matrix_to_rpy(_rotvec_to_matrix(cmd.values[3:6]) @ _rpy_to_matrix(*pose[3:6]))
+            rpy = _matrix_to_rpy(rotvec_to_matrix(cmd.values[3:6]) @ _rpy_to_matrix(*pose[3:6]))
             self._call("set_servo_cartesian", [*(np.asarray(pos) * 1000).tolist(), *rpy], is_radian=True)
         if self.use_gripper and (self._gripper_target is None or abs(cmd.gripper_width_m - self._gripper_target) > 0.001):
             self._call("set_gripper_position", cmd.gripper_width_m * 10000.0, wait=False)

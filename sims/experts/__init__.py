@@ -10,7 +10,8 @@ from typing import Callable
 import numpy as np
 
 from embodied.errors import UserError
-from sims import registry
+from sims import pointmaze, registry
+from sims.experts.waypoint import WaypointController
 
 LEVELS = ("early", "medium", "expert")
 CHECKPOINT_ROOT = Path(__file__).resolve().parent
@@ -24,17 +25,12 @@ def expert(name: str, level: str = "expert", seed: int = 0) -> Callable[[np.ndar
     registry.spec(name)  # unknown names raise UserError listing the valid ones
     if level not in LEVELS:
         raise UserError(f"unknown expert level {level!r}; choose one of: {', '.join(LEVELS)}")
-    from sims import pointmaze
-
     if name in pointmaze.MAZES:
         return _maze_expert(name, level, seed)
     return _checkpoint_expert(name, level)
 
 
 def _maze_expert(name: str, level: str, seed: int):
-    from sims import pointmaze
-    from sims.experts.waypoint import WaypointController
-
     return WaypointController(
         pointmaze.maze_geometry(name),
         pointmaze.MAZES[name].goal_cell,
@@ -50,7 +46,7 @@ def _checkpoint_expert(name: str, level: str):
             f"expert checkpoint for env={name} level={level} is missing at {directory}; "
             f"train it with: python -m embodied.train_expert env={name}"
         )
-    import policies
+    import policies  # torch: loaded only for the checkpoint experts
 
     policy = policies.load(directory)
 

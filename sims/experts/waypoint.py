@@ -10,6 +10,8 @@ from collections import deque
 
 import numpy as np
 
+from embodied.constants import STATE_KEY
+
 Cell = tuple[int, int]
 _NEIGHBOUR_STEPS = ((-1, 0), (1, 0), (0, -1), (0, 1))
 _NEW_EPISODE_JUMP = 0.5  # metres between consecutive states; one step moves at most 0.05 m
@@ -48,7 +50,7 @@ class WaypointController:
 
     def __call__(self, state) -> np.ndarray:
         if isinstance(state, dict):  # the env's observation dict works too
-            state = state["observation.state"]
+            state = state[STATE_KEY]
         state = np.asarray(state, dtype=np.float64)
         xy, velocity = state[:2], state[2:4]
         if self._last_xy is None or np.linalg.norm(xy - self._last_xy) > _NEW_EPISODE_JUMP:

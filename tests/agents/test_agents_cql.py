@@ -173,6 +173,7 @@ def test_calql_requires_mc_returns():
         agent.update(batch)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("calql", [False, True])
 def test_cql_q_approaches_reward_on_one_step_bandit(calql):
     """Reward 1 for every action, episode ends after one step: Q at dataset actions -> 1."""

@@ -13,6 +13,7 @@ def test_expectile_loss_by_hand():
     assert expectile_loss(diff, 0.5).item() == pytest.approx(0.5 * (diff ** 2).mean().item())
 
 
+@pytest.mark.slow
 def test_iql_values_approach_reward_on_one_step_bandit():
     torch.manual_seed(0)
     agent = IQL(3, 2, IQLConfig(hidden=(32, 32), critic_lr=3e-3, value_lr=3e-3, tau=0.05))
@@ -25,6 +26,7 @@ def test_iql_values_approach_reward_on_one_step_bandit():
     assert metrics["v_mean"] == pytest.approx(1.0, abs=0.15)
 
 
+@pytest.mark.slow
 def test_iql_actor_prefers_high_advantage_actions():
     """Rewards favour a > 0 in the data: the advantage-weighted actor's mode moves to a > 0."""
     torch.manual_seed(0)

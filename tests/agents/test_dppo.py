@@ -99,6 +99,7 @@ def test_finetuned_policy_saves_and_loads(tmp_path):
     np.testing.assert_array_equal(loaded.act(obs), agent.actor.act(obs))
 
 
+@pytest.mark.slow
 def test_dppo_runner_tiny_run(tmp_path, monkeypatch):
     monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path / "cache"))
     from hydra import compose, initialize_config_dir
@@ -135,6 +136,7 @@ def test_running_return_std_scales_rewards_to_unit_returns():
     assert 0.1 < np.abs(np.array(out[-100:])).mean() < 5  # ...the scaled rewards are O(1)
 
 
+@pytest.mark.slow
 def test_dppo_loop_state_survives_a_checkpoint(tmp_path, monkeypatch):
     """PPO iterations (the critic warmup counts them), running episode returns, the return normaliser and
     the checkpoint count are saved with the checkpoint and restored on resume (they used to be lost)."""
@@ -159,7 +161,8 @@ def test_dppo_loop_state_survives_a_checkpoint(tmp_path, monkeypatch):
     assert saved["return_norm"]["count"] > 0 and len(saved["episode_return"]) == 2
 
     from embodied.agents.dppo import DPPORunner
-    from embodied.train import load_dataset, runner_config
+    from embodied.run_config import runner_config
+    from embodied.train import load_dataset
 
     class Quiet:
         def log(self, *args, **kwargs):

@@ -102,6 +102,7 @@ def test_updates_on_chunk_batches(name, horizon):
         agent.update(buf.sample_chunks(4, horizon + 1))
 
 
+@pytest.mark.slow
 def test_qc_learns_the_better_chunk_offline():
     """Two actions from the same state, rewards 1 (a=+0.5) and 0 (a=-0.5), episodes of one chunk: after
     a few hundred updates best-of-N must pick the rewarded one and the critic must rank them."""
@@ -122,6 +123,7 @@ def test_qc_learns_the_better_chunk_offline():
     assert agent.act_chunk(np.zeros((1, 1), np.float32))[0].mean() > 0.2
 
 
+@pytest.mark.slow
 def test_cli_tiny_run(tmp_path):
     """`python -m embodied.train algo=qc_fql` end to end (chunks executed open-loop online)."""
     cmd = [sys.executable, "-m", "embodied.train", "algo=qc_fql", "experiment=smoke", "env=pointmaze-umaze",

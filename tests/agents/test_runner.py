@@ -49,6 +49,7 @@ def count_updates(runner: Runner) -> list[int]:
     return calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("critic_only_utd", [False, True])
 def test_warmup_takes_no_gradient_steps_and_utd_multiplies_them(dataset, tmp_path, critic_only_utd):
     runner = Runner(small(warmup_steps=40, utd=3, critic_only_utd=critic_only_utd), dataset, tmp_path,
@@ -80,6 +81,7 @@ def test_switch_keeps_or_resets_critic_and_optimizer_state(dataset, tmp_path, re
         assert len(online.actor_optimizer.state) > 0  # Adam moments carried across the switch
 
 
+@pytest.mark.slow
 def test_offline_ratio_zero_never_samples_offline_data(dataset, tmp_path):
     runner = Runner(small(offline_ratio=0.0), dataset, tmp_path, CountingLogger(), progress=False)
     runner._run_offline()
@@ -102,6 +104,7 @@ def test_bad_knobs_are_rejected_before_work(dataset, tmp_path):
         Runner(small(), None, tmp_path, CountingLogger())
 
 
+@pytest.mark.slow
 def test_switch_diagnostics_are_logged(dataset, tmp_path):
     logger = CountingLogger()
     summary = Runner(small(warmup_steps=20), dataset, tmp_path, logger, progress=False).run()
@@ -118,6 +121,7 @@ def test_every_eval_uses_the_same_start_states(dataset, tmp_path):
     assert first["eval/return"] == later["eval/return"] and first["eval/length"] == later["eval/length"]
 
 
+@pytest.mark.slow
 def test_calql_fine_tuning_defers_the_updates_of_its_first_episode(dataset, tmp_path):
     """Before: Cal-QL `same` added transitions at episode end and skipped the first episode's updates."""
     runner = Runner(small(online_algo="same", offline_ratio=0.5, online_steps=400, eval_every_online=400, utd=2),
@@ -131,6 +135,7 @@ def test_calql_fine_tuning_defers_the_updates_of_its_first_episode(dataset, tmp_
     assert calls[1] == 400 * 2  # ... and its updates were taken when it did, not skipped
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["keep", "reset", "fast", "refit"])
 def test_switch_temperature_knob(dataset, tmp_path, mode):
     logger = CountingLogger()
@@ -154,6 +159,7 @@ def test_switch_temperature_knob(dataset, tmp_path, mode):
         Runner(small(switch_temperature="warm"), dataset, tmp_path, CountingLogger())
 
 
+@pytest.mark.slow
 def test_pretrain_once_fine_tune_many(dataset, tmp_path):
     first = Runner(small(), dataset, tmp_path / "a", CountingLogger(), progress=False)
     summary = first.run()
@@ -177,6 +183,7 @@ def test_pretrain_once_fine_tune_many(dataset, tmp_path):
         Runner(small(pretrained=str(tmp_path / "nothing")), dataset, tmp_path / "d", CountingLogger()).run()
 
 
+@pytest.mark.slow
 def test_actor_delay_takes_critic_steps_only(dataset, tmp_path):
     runner = Runner(small(warmup_steps=20, actor_delay_steps=15, utd=2), dataset, tmp_path, CountingLogger(),
                     progress=False)

@@ -3,16 +3,10 @@ import os
 import numpy as np
 import pytest
 
-from embodied.data import catalog
+import sims
+from embodied.data import cache, catalog
 from embodied.data.d4rl import load_hdf5, save_hdf5
 from embodied.errors import DatasetError
-
-
-def real_sims():
-    sims = pytest.importorskip("sims")
-    if not hasattr(sims, "make"):
-        pytest.skip("sims.make not built yet")
-    return sims
 
 
 @pytest.mark.parametrize("quality,size,message", [
@@ -29,7 +23,6 @@ def test_bad_arguments_fail_before_any_work(quality, size, message, tmp_path):
 
 
 def test_unknown_env_lists_valid_names(tmp_path):
-    sims = real_sims()
     with pytest.raises(DatasetError) as info:
         catalog.load_dataset("hoppper", "random", 10, cache_dir=tmp_path)
     assert "unknown env 'hoppper'" in str(info.value) and ", ".join(sims.names()) in str(info.value)
@@ -40,12 +33,11 @@ def test_cache_location(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert catalog.dataset_path("hopper", "medium", 100, 2) == tmp_path / "xdg/embodied/datasets/hopper-medium-100-s2.hdf5"
     monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path / "mine"))
-    assert catalog.cache_root() == tmp_path / "mine"
-    assert catalog.cache_root(tmp_path / "arg") == tmp_path / "arg"
+    assert cache.cache_root() == tmp_path / "mine"
+    assert cache.cache_root(tmp_path / "arg") == tmp_path / "arg"
 
 
 def test_generate_then_reuse_cache(tmp_path, monkeypatch):
-    sims = real_sims()
     monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path))
     ds = catalog.load_dataset("pointmaze-umaze", "medium-replay", 61, seed=1, progress=False)
     path = tmp_path / "datasets" / "pointmaze-umaze-medium-replay-61-s1.hdf5"
@@ -63,7 +55,6 @@ def test_generate_then_reuse_cache(tmp_path, monkeypatch):
 
 
 def test_stale_cache_is_regenerated(tmp_path):
-    real_sims()
     first = catalog.load_dataset("pointmaze-umaze", "random", 12, cache_dir=tmp_path, progress=False)
     path = catalog.dataset_path("pointmaze-umaze", "random", 12, 0, tmp_path)
     first.metadata["generator_version"] = -1

@@ -2,6 +2,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+import sims
 from embodied.data.generate import collect
 
 
@@ -64,9 +65,6 @@ def test_collect_random_and_noise_stay_in_bounds_and_are_seeded():
 
 
 def test_collect_with_real_sims():
-    sims = pytest.importorskip("sims")
-    if not hasattr(sims, "make"):
-        pytest.skip("sims.make not built yet")
     env = sims.make("pointmaze-umaze", seed=0)
     ds = collect(env, sims.expert("pointmaze-umaze", "expert"), 40, noise_std=0.1, progress=False)
     env.close()

@@ -73,6 +73,7 @@ def ogbench_relabelled(path, suite, task_id):
     return data
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suite", ["scene", "cube-single"])
 def test_transitions_and_rewards_match_ogbench_own_loader_and_relabelling(files, suite):
     path, raw = files[suite]
@@ -96,6 +97,7 @@ def test_transitions_and_rewards_match_ogbench_own_loader_and_relabelling(files,
     assert nxt.metadata["reward_timing"] == "next"
 
 
+@pytest.mark.slow
 def test_per_transition_files_with_their_own_rewards(files, tmp_path):
     """The dict ogbench.load_dataset + relabel_dataset return, saved with np.savez, reads back as is."""
     path, _ = files["scene"]
@@ -109,6 +111,7 @@ def test_per_transition_files_with_their_own_rewards(files, tmp_path):
     np.testing.assert_array_equal(ds.terminals, theirs["masks"] == 0)
 
 
+@pytest.mark.slow
 def test_load_hdf5_and_dataset_path_take_an_npz(files, tmp_path):
     path, _ = files["cube-single"]
     ds = load_hdf5(path)  # what the train job calls for dataset.path
@@ -176,6 +179,7 @@ def test_bad_files_are_one_line_errors_naming_the_field_and_the_fix(case, tmp_pa
     assert "delete" not in message  # it is the user's own file
 
 
+@pytest.mark.slow
 def test_a_good_hand_made_file_and_explicit_env(tmp_path):
     path = save(tmp_path / "whatever.npz", good())
     ds = load_ogbench_npz(path, env="cube-single", task_id=1)

@@ -6,8 +6,10 @@ import pytest
 
 from embodied.data import catalog, ogbench_gen
 from embodied.data.d4rl import load_extras, load_hdf5
-from embodied.data.ogbench_gen import GenSpec, check_spec, generate, lights_out_presses, task_truths
+from embodied.data.ogbench_gen import GenSpec, check_spec, generate
+from embodied.data.ogbench_oracles import lights_out_presses
 from embodied.errors import DatasetError
+from sims.manip_scene import task_truths
 
 pytestmark = [pytest.mark.filterwarnings("ignore:.*precision lowered"),
               pytest.mark.filterwarnings("ignore:.*Box observation space m")]
@@ -18,6 +20,7 @@ def task_data():
     return generate(GenSpec("cube-single", "task", size=400, seed=0), progress=False)
 
 
+@pytest.mark.slow
 def test_task_data_is_solved_by_the_oracle(task_data):
     ds, extras = task_data
     meta = ds.metadata
@@ -36,6 +39,7 @@ def test_task_data_is_solved_by_the_oracle(task_data):
                                   ds.next_observations[:-1][~(ds.terminals | ds.timeouts)[:-1]])
 
 
+@pytest.mark.slow
 def test_play_data_relabels_like_the_single_task_env():
     ds, extras = generate(GenSpec("cube-single", "play", size=120, seed=1, episode_steps=60), progress=False)
     assert len(ds) == 120 and ds.timeouts.sum() == 2 and ds.metadata["episodes"] == 2
@@ -108,6 +112,7 @@ def test_defaults_follow_ogbench():
     assert check_spec(GenSpec("scene", "noisy")).p_random_action == 0.1
 
 
+@pytest.mark.slow
 def test_catalog_caches_and_files_carry_extras(tmp_path, monkeypatch):
     ds = catalog.load_dataset("cube-single", "task", 60, seed=2, cache_dir=tmp_path, progress=False)
     path = catalog.dataset_path("cube-single", "task", 60, 2, tmp_path)
@@ -120,6 +125,7 @@ def test_catalog_caches_and_files_carry_extras(tmp_path, monkeypatch):
     assert load_hdf5(path).metadata["instructions"]
 
 
+@pytest.mark.slow
 def test_images_are_chunked_and_compressed(tmp_path):
     from embodied.data.d4rl import save_hdf5
 

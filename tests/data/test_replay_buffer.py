@@ -76,7 +76,7 @@ def toy_dataset(start):
     return Dataset.from_episodes(make_episodes([3, 2], ["terminal", "timeout"], OBS, ACT, start=start))
 
 
-@pytest.mark.parametrize("capacity", [5, 7, 64])
+@pytest.mark.parametrize("capacity", [5, 7, pytest.param(64, marks=pytest.mark.slow)])
 def test_chunk_valid_masks_match_brute_force(capacity):
     rng = np.random.default_rng(capacity)
     buf, ref = ReplayBuffer(OBS, ACT, capacity, seed=0), Reference()

@@ -1,11 +1,14 @@
 import json
 
 import numpy as np
+import pytest
 
 import sims
 from planners.backends.rule import RulePlanner
 from planners.executor import Executor, ExecutorConfig, Trace
 from planners.sim import oracle_skills, world_from_env
+
+pytestmark = pytest.mark.slow  # full plan-execute episodes on the MuJoCo scene
 
 
 class FreezeOnce:

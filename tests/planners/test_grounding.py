@@ -51,6 +51,7 @@ def test_split_steps_reads_numbered_and_bulleted_lines_until_done():
     assert split_steps(text) == ["press the drawer button", "open the drawer", "pick up the red cube"]
 
 
+@pytest.mark.slow
 def test_embedding_grounding_maps_paraphrases_and_rejects_unknown_objects(grounder):
     world = scene_world()
     cands = candidates(world, manipulation_skills(world.controls))

@@ -119,6 +119,7 @@ HEADER = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 
 
 
 # ------------------------------------------------------------------------------------------ deadlines
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["body", "headers"])
 def test_a_dripping_server_cannot_hold_a_call_past_its_deadline(where):
     """One byte every 2 s: a per-read timeout of 5 s never fires; the call's own deadline does."""
@@ -137,6 +138,7 @@ def test_a_dripping_server_cannot_hold_a_call_past_its_deadline(where):
     assert abs(reported - elapsed) < 0.5  # the elapsed time it reports is the real one
 
 
+@pytest.mark.slow
 def test_deadline_s_bounds_the_whole_call_with_its_retries():
     with FakeServer(always(("drip", b"", HEADER, 2.0))) as server:
         backend = HTTPBackend(server.url, model="m", timeout_s=5, max_retries=5, backoff_s=0.1,
@@ -356,6 +358,7 @@ def test_a_feature_the_server_lacks_fails_at_planner_construction_and_stops_the_
 
 
 # ------------------------------------------------------------------------------------------ retries
+@pytest.mark.slow
 def test_timeouts_5xx_and_malformed_json_are_retried_and_4xx_is_not():
     faults = collections.deque([(500, {"e": 1}), (200, b'{"choices": [{"text": " open the dr'), ("stall", None),
                                 (503, {"e": 1})])
@@ -407,6 +410,7 @@ def server():
         yield srv
 
 
+@pytest.mark.slow
 def test_real_server_generate_mode_through_the_planner_pipeline(server):
     """The suite's first tasks over HTTP: api=auto continues the few-shot prompt on /completions, the
     plans are real plans (not the chat template's default system prompt), and nothing ungrounded runs."""
@@ -423,6 +427,7 @@ def test_real_server_generate_mode_through_the_planner_pipeline(server):
     assert res["summary"]["success_rate"] > 0  # greedy SmolLM2 opens both (measured: 2/2 here)
 
 
+@pytest.mark.slow
 def test_real_server_chat_api_and_features_it_lacks(server, monkeypatch):
     monkeypatch.setenv("EMBODIED_LLM_MODEL", server.model)
     backend = HTTPBackend(server.base_url, timeout_s=120, max_retries=0, api="chat")
@@ -440,6 +445,7 @@ def test_real_server_chat_api_and_features_it_lacks(server, monkeypatch):
         HTTPBackend(server.base_url, timeout_s=30, max_retries=0).generate("hi", max_new_tokens=2)
 
 
+@pytest.mark.slow
 def test_real_server_behind_a_fault_proxy_executor_survives(server, scene):
     env, obs, info, lib = scene
     with FakeServer(always((500, {"e": 1}))) as proxy:

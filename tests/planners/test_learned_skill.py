@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 import policies
 import sims
@@ -6,6 +7,8 @@ from planners.executor import run_skill
 from planners.learned_skill import goal_dim, goal_vector, learned_skill
 from planners.sim import oracle_skills, world_from_env
 from planners.skills import SkillLibrary
+
+pytestmark = pytest.mark.slow  # trains and runs a policy as a skill
 
 
 def test_a_saved_goal_conditioned_checkpoint_registers_and_runs_as_a_skill(tmp_path):

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from planners.backends.local import continuation_logprobs
@@ -5,6 +6,8 @@ from planners.llm_planner import LLMPlanner, LLMPlannerConfig
 from planners.grounding import candidates
 from planners.skills import manipulation_skills
 from worlds import scene_world
+
+pytestmark = pytest.mark.slow  # loads SmolLM2 (tens of seconds once per session)
 
 
 def test_generate_one_short_prompt(smollm2):

@@ -3,6 +3,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # the planner benchmark in a subprocess
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -46,6 +46,7 @@ def test_refusals_are_clear(text, match):
         RulePlanner(manipulation_skills(world.controls)).plan(text, world)
 
 
+@pytest.mark.slow
 def test_suite_has_20_multistep_tasks_whose_shortest_plans_reach_their_goals():
     """Every task, on its real start state: the rule plan is valid, reaches the goal, has 2-6 steps."""
     assert len(TASKS) >= 20 and len({t.id for t in TASKS}) == len(TASKS)

@@ -1,7 +1,11 @@
+import pytest
+
 import sims
 from planners import symbolic as sym
 from planners.executor import run_skill
 from planners.sim import oracle_skills, world_from_env
+
+pytestmark = pytest.mark.slow  # oracle skills driving the MuJoCo arm
 
 
 def run_plan(env, obs, info, keys):

@@ -113,5 +113,5 @@ def test_bad_config_and_inputs_are_user_errors():
         small(execute_horizon=20)
     with pytest.raises(UserError, match="denoiser"):
         small(denoiser="resnet")
-    with pytest.raises(UserError, match="obs_dim=3"):
+    with pytest.raises(UserError, match="reads 3 values per state"):
         small().act(np.zeros(5, np.float32))

@@ -7,6 +7,7 @@ import policies
 from embodied.errors import UserError
 
 
+@pytest.mark.slow
 def test_flow_learns_a_bimodal_target_and_distills():
     """Two modes (+0.8, -0.8): the Euler sampler must produce both; the one-step head must match it."""
     torch.manual_seed(0)

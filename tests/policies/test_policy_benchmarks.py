@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # every test here runs a benchmark script in a subprocess
+
 
 def test_policy_latency_quick(run_benchmark):
     out = run_benchmark("policy_latency.py", "--quick", "--denoisers", "mlp").stdout

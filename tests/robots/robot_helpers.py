@@ -5,7 +5,8 @@ import time
 
 import numpy as np
 
-from robots.base import Robot, RobotConfig, STATE_KEY
+from embodied.constants import STATE_KEY
+from robots.base import Robot, RobotConfig
 
 
 def small_config(**overrides) -> RobotConfig:

@@ -49,6 +49,7 @@ def test_every_robot_config_composes_and_builds_a_config(name):
         assert data["driver"]["realtime_config"] in ("enforce", "ignore")
 
 
+@pytest.mark.slow
 def test_dry_run_with_the_real_ur5e_config_records_a_dataset(checkpoint, tmp_path):
     cfg = compose_deploy(["robot=ur5e", "dry_run=true", f"policy={checkpoint}", "episode_s=1.5", "episodes=2",
                           "executor.name=temporal_ensemble", "~executor.execute_horizon", "+executor.weight=0.01"])
@@ -70,6 +71,7 @@ def test_dry_run_with_the_real_ur5e_config_records_a_dataset(checkpoint, tmp_pat
     assert np.abs(np.diff(ds.actions[: len(ds) // 2, :6], axis=0)).max() <= 0.05 + 1e-5   # max_relative_target
 
 
+@pytest.mark.slow
 def test_policy_stall_triggers_the_watchdog(checkpoint, tmp_path):
     """SIGSTOP the policy server mid-run: the open-loop executor runs out of actions, no valid command goes
     out, and the watchdog holds the arm within deadline + one control period of the last command."""
@@ -93,6 +95,7 @@ def test_policy_stall_triggers_the_watchdog(checkpoint, tmp_path):
     assert summary["outcome"] == "watchdog" and summary["exit_code"] == 3 and "watchdog" in summary["status"]
 
 
+@pytest.mark.slow
 def test_a_policy_server_that_dies_mid_run_is_a_failed_deploy(checkpoint, tmp_path):
     def on_step(step, robot, ctx):
         if step == 100:
@@ -104,6 +107,7 @@ def test_a_policy_server_that_dies_mid_run_is_a_failed_deploy(checkpoint, tmp_pa
     assert "policy server exited with code -9" in summary["status"]
 
 
+@pytest.mark.slow
 def test_a_policy_that_never_yields_an_action_is_a_failed_deploy(tmp_path):
     torch = pytest.importorskip("torch")
     policy = policies.make("gaussian", obs_dim=7, act_dim=7, hidden=[8])
@@ -117,6 +121,7 @@ def test_a_policy_that_never_yields_an_action_is_a_failed_deploy(tmp_path):
     assert summary["status"].startswith("no action executed") and "non-finite" in summary["status"]
 
 
+@pytest.mark.slow
 def test_a_policy_for_another_robot_is_refused_before_arming(tmp_path):
     policies.make("gaussian", obs_dim=9, act_dim=9, hidden=[8]).save(tmp_path / "franka_policy")
     out = run_cli(["robot=sim_ur5e", f"policy={tmp_path / 'franka_policy'}", f"hydra.run.dir={tmp_path / 'r'}"])
@@ -131,6 +136,7 @@ def run_cli(args, timeout=180, **kw):
                           text=True, timeout=timeout, **kw)
 
 
+@pytest.mark.slow
 def test_cli_smoke_and_user_errors(checkpoint, tmp_path):
     out = run_cli(["robot=sim_ur5e", f"policy={checkpoint}", "episode_s=0.5", f"hydra.run.dir={tmp_path}"])
     assert out.returncode == 0, out.stderr[-2000:]
@@ -143,6 +149,7 @@ def test_cli_smoke_and_user_errors(checkpoint, tmp_path):
     assert missing.returncode == 2 and "policy" in missing.stderr and "Traceback" not in missing.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_or_kill_stops_the_arm_and_keeps_the_data(checkpoint, tmp_path, signum):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

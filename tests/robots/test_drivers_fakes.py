@@ -69,6 +69,7 @@ def ur_robot(**overrides):
     return robots.make(cfg, sdk=sdk), state
 
 
+@pytest.mark.slow
 def test_ur_driver_maps_modes_watchdog_and_recovery():
     robot, s = ur_robot()
     with robot:
@@ -94,6 +95,7 @@ def test_ur_driver_maps_modes_watchdog_and_recovery():
     assert "servoStop" in s.log.names() and "control.disconnect" in s.log.names()
 
 
+@pytest.mark.slow
 def test_ur_protective_stop_on_read_faults():
     robot, s = ur_robot(control_mode="joint_velocity")
     with robot:
@@ -107,6 +109,7 @@ def test_ur_protective_stop_on_read_faults():
         assert robot.state is State.FAULT
 
 
+@pytest.mark.slow
 def test_ur_ee_delta_uses_servol_with_the_clipped_pose():
     robot, s = ur_robot(control_mode="ee_delta")
     with robot:

@@ -105,6 +105,7 @@ def test_the_monitor_holds_when_the_measured_arm_leaves_the_box_or_speeds():
     assert robot.state is State.FAULT
 
 
+@pytest.mark.slow
 def test_the_watchdog_holds_when_the_loop_stalls_holding_the_robot_lock():
     robot = RecordingRobot(small_config(watchdog_deadline_ms=200.0), real_clock=True)
     robot.connect()
@@ -131,6 +132,7 @@ def ee_arm():
         yield robot
 
 
+@pytest.mark.slow
 def test_ee_delta_through_ik_keeps_the_measured_arm_inside_its_limits(ee_arm):
     """Push the end effector into the floor and a side wall, unpaced: what the arm does is checked."""
     robot = ee_arm
@@ -149,6 +151,7 @@ def test_ee_delta_through_ik_keeps_the_measured_arm_inside_its_limits(ee_arm):
     robot.hold()
 
 
+@pytest.mark.slow
 def test_the_arm_holds_by_itself_when_the_whole_controller_process_stalls(ee_arm):
     """Every thread of this process stops (the GIL held in a C call): only the arm's own deadline acts."""
     robot = ee_arm

@@ -11,6 +11,8 @@ import pytest
 import robots
 from robots.base import RobotFault, State
 
+pytestmark = pytest.mark.slow  # a franky-sim server per module, real-time moves
+
 pytest.importorskip("franky")
 
 

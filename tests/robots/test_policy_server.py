@@ -55,6 +55,7 @@ def test_round_trip_chunk_and_action_map(server):
     client.close()
 
 
+@pytest.mark.slow
 def test_malformed_oversized_and_unauthorised_requests_do_not_kill_the_server(server):
     bad = PolicyClient(server.address, token="wrong")
     with pytest.raises(PolicyServerError, match="unauthorized"):
@@ -294,6 +295,7 @@ def test_a_100_mb_message_gets_an_oversized_reply(server):
     client.close()
 
 
+@pytest.mark.slow
 def test_beyond_the_hard_cap_zmq_drops_the_message_and_the_server_keeps_serving():
     policy = policies.make("gaussian", obs_dim=7, act_dim=7, hidden=[16])
     srv = PolicyServer(policy, repeat=2, max_bytes=4096, hard_cap_bytes=1 << 20, action_map=ActionMap("delta", dof=6))
@@ -422,6 +424,7 @@ def test_non_loopback_bind_needs_a_token():
         PolicyServer(policy, host="0.0.0.0")
 
 
+@pytest.mark.slow
 def test_local_server_process_serves_a_saved_checkpoint(tmp_path):
     policies.make("gaussian", obs_dim=7, act_dim=7, hidden=[16]).save(tmp_path / "pol")
     with LocalPolicyServer(tmp_path / "pol", args=["--repeat", "4"]) as srv:
@@ -436,6 +439,7 @@ def test_local_server_process_serves_a_saved_checkpoint(tmp_path):
     assert srv.proc.poll() is not None
 
 
+@pytest.mark.slow
 def test_server_without_a_token_warns_at_startup(tmp_path):
     policies.make("gaussian", obs_dim=7, act_dim=7, hidden=[16]).save(tmp_path / "pol")
     env = {k: v for k, v in os.environ.items() if k != "EMBODIED_POLICY_TOKEN"}

@@ -1,6 +1,9 @@
 """The robots benchmarks run end to end on a seconds-long budget (real runs: benchmarks/results/)."""
 from __future__ import annotations
 
+import pytest
+
+pytestmark = pytest.mark.slow  # every test here runs a benchmark script in a subprocess
 
 def test_control_loop_quick(tmp_path, run_benchmark):
     result = run_benchmark("control_loop.py", "--quick", "--out", str(tmp_path))

@@ -16,6 +16,8 @@ import policies
 from robots.server import ERROR_COUNTERS, ActionMap, PolicyServer
 from robots.wire import pack
 
+pytestmark = pytest.mark.slow  # thousands of requests against a live server
+
 TOKEN = "fuzz-token"
 MAX_BYTES = 1 << 16
 
@@ -83,6 +85,5 @@ def test_server_answers_5000_malformed_requests_and_stays_up(served):
     run_fuzz(served, 5000, seed=0)
 
 
-@pytest.mark.slow
 def test_server_answers_30000_malformed_requests_and_stays_up(served):
     run_fuzz(served, 30_000, seed=1)

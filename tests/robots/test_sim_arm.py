@@ -10,6 +10,8 @@ import robots
 from robots.base import RobotFault, State
 from robots.sim_arm import SimArm
 
+pytestmark = pytest.mark.slow  # the sim arm runs in its own process
+
 KEYS = {"observation.state", "joint_pos_rad", "joint_vel_rad_s", "ee_pos_m", "ee_quat_wxyz", "gripper_width_m",
         "timestamp_s"}
 

@@ -14,7 +14,9 @@ from embodied.errors import UserError
 from sims.manip import MANIP_NAMES, SUITES
 from sims.scene import Predicate, Scene, SceneObject
 
-pytestmark = [pytest.mark.filterwarnings("ignore:.*precision lowered"),
+pytestmark = [pytest.mark.slow,  # MuJoCo manipulation scenes, seconds each
+              pytest.mark.slow,  # MuJoCo manipulation scenes, seconds each
+              pytest.mark.filterwarnings("ignore:.*precision lowered"),
               pytest.mark.filterwarnings("ignore:.*different from the unwrapped version"),
               pytest.mark.filterwarnings("ignore:.*Box observation space m")]
 

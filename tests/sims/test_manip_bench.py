@@ -1,4 +1,7 @@
 """benchmarks/sim_speed.py runs end to end on a seconds-long budget (real figures: benchmarks/RESULTS.md)."""
+import pytest
+
+pytestmark = pytest.mark.slow  # a benchmark script in a subprocess
 
 
 def test_sim_speed_quick(tmp_path, run_benchmark):

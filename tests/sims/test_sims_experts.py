@@ -4,6 +4,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import policies
 import sims
 from embodied.errors import UserError
 from sims import experts
@@ -26,9 +27,6 @@ def test_unknown_level_and_name():
 
 
 def test_locomotion_expert_loads_a_saved_policy(monkeypatch, tmp_path):
-    policies = pytest.importorskip("policies")
-    if "gaussian" not in policies.names():
-        pytest.skip("policies.gaussian not available yet")
     policies.make("gaussian", obs_dim=11, act_dim=3).save(tmp_path / "hopper" / "medium")
     monkeypatch.setattr(experts, "CHECKPOINT_ROOT", tmp_path)
     act = sims.expert("hopper", "medium")
@@ -43,6 +41,7 @@ COMMITTED = sorted(p.parent.parent.name + "/" + p.parent.name
                    for p in (Path(sims.__file__).parent / "experts").glob("*/*/meta.json"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env_level", COMMITTED)
 def test_committed_expert_checkpoints_reproduce_their_recorded_return(env_level):
     """Each committed SAC snapshot loads by name and, over three episodes, scores near its meta.json

@@ -73,6 +73,7 @@ def _quality(name, level, episodes):
     return success, length
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MAZES)
 def test_expert_level_solves_each_maze(name):
     success, length = _quality(name, "expert", episodes=10)
@@ -80,6 +81,7 @@ def test_expert_level_solves_each_maze(name):
     assert length < 0.6 * sims.spec(name).max_episode_steps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["pointmaze-medium", "pointmaze-large"])
 def test_lower_levels_are_worse(name):
     expert_success, expert_length = _quality(name, "expert", episodes=10)

@@ -4,6 +4,8 @@ import pytest
 
 import sims
 
+pytestmark = pytest.mark.slow  # software-GL rendering
+
 
 @pytest.mark.parametrize("name", ["hopper", "pointmaze-umaze"])
 def test_render_64x64_uint8_frame(name):

@@ -24,6 +24,7 @@ def _run(vec, actions):
     return np.stack(states), np.stack(dones)
 
 
+@pytest.mark.slow
 def test_sync_and_async_agree_and_autoreset():
     actions = _actions(2, 30)
     sync = make_vec("cube-single", 2, seed=0, max_episode_steps=12)
@@ -39,6 +40,7 @@ def test_sync_and_async_agree_and_autoreset():
     assert not np.allclose(s_states[0, 0], s_states[0, 1])  # env i is seeded seed + i
 
 
+@pytest.mark.slow
 def test_rollout_collects_transitions_and_episode_stats():
     vec = make_vec("cube-single", 2, seed=1, max_episode_steps=10)
     out = rollout(vec, None, 25, seed=1)
@@ -49,6 +51,7 @@ def test_rollout_collects_transitions_and_episode_stats():
     assert np.all(out["episode_returns"] == -10.0) and not out["episode_successes"].any()
 
 
+@pytest.mark.slow
 def test_async_rendering_uses_spawn_and_returns_frames():
     assert default_context(renders=True) == "spawn"
     vec = make_vec("cube-single", 1, asynchronous=True, seed=0, images=("front",), image_size=32, language=True)

@@ -1,0 +1,165 @@
+"""Action throughput of the VLA policy's three heads on one backbone: parallel decoding (OpenVLA-OFT),
+the flow-matching expert (K Euler steps) and autoregressive 256-bin tokens with a KV cache (OpenVLA).
+
+    python benchmarks/vla_throughput.py                    # defaults below, 1 thread
+    python benchmarks/vla_throughput.py --quick --threads 2
+
+The three policies are built with the same config except `head`, and the vision encoder, projections and
+fusion transformer of the parallel one are copied into the other two, so only the decoding differs. Each
+(head, batch) pair is timed in interleaved rounds (the order rotates every round, so the load of a shared
+machine hits every contender alike); the table and JSON give medians. Latency is per chunk call
+(`act` on a batch: text embeddings already cached, as in a rollout); actions/s = batch * chunk / latency.
+Goal (OFT's figure, reported, not enforced): parallel >= 26x the actions/s of AR at the same batch.
+The JSON goes to benchmarks/results/vla_throughput-<date>.json.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from embodied.constants import STATE_KEY, TASK_KEY, image_key  # noqa: E402
+from policies.vla import HEADS, VLAPolicy, hash_text_encoder  # noqa: E402
+
+GOAL = 26.0
+
+
+def cpu_flags() -> dict:
+    flag = subprocess.run(["grep", "-o", "-m1", "avx512_bf16", "/proc/cpuinfo"], capture_output=True, text=True)
+    model = ""
+    try:
+        model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                     "")
+    except OSError:
+        pass
+    return {"model": model or platform.processor(), "avx512_bf16": bool(flag.stdout.strip()),
+            "cores": os.cpu_count()}
+
+
+def build(args, text_encoder) -> dict[str, VLAPolicy]:
+    cfg = dict(obs_dim=args.obs_dim, act_dim=args.act_dim, cameras=args.cameras, image_size=args.image_size,
+               chunk=args.chunk, dim=args.dim, depth=args.depth, flow_steps=args.flow_steps, n_bins=256)
+    made = {}
+    for head in HEADS:
+        torch.manual_seed(0)
+        made[head] = VLAPolicy(head=head, text_encoder=text_encoder, **cfg).eval().to(args.device)
+    shared = {k: v for k, v in made["parallel"].state_dict().items()
+              if not k.startswith(("queries", "action_out"))}
+    for head in ("flow", "ar"):
+        missing, unexpected = made[head].load_state_dict(shared, strict=False)
+        assert not unexpected, unexpected
+    return made
+
+
+def observations(args, batch: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    obs = {STATE_KEY: rng.normal(size=(batch, args.obs_dim)).astype(np.float32),
+           TASK_KEY: "put the red cube in the drawer"}
+    for camera in args.cameras:
+        obs[image_key(camera)] = rng.integers(0, 256, (batch, args.image_size, args.image_size, 3), dtype=np.uint8)
+    return obs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--obs-dim", type=int, default=28)
+    parser.add_argument("--act-dim", type=int, default=7)
+    parser.add_argument("--chunk", type=int, default=8)
+    parser.add_argument("--cameras", nargs="*", default=["front", "wrist"])
+    parser.add_argument("--image-size", type=int, default=84)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--depth", type=int, default=2)
+    parser.add_argument("--flow-steps", type=int, default=10)
+    parser.add_argument("--text", choices=["minilm", "hash"], default="minilm",
+                        help="text encoder (embeddings are cached before timing, so this only costs start-up)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--quick", action="store_true", help="5 rounds, 64 px images")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.image_size = min(args.rounds, 5), 64
+    torch.set_num_threads(args.threads)
+
+    text_encoder = None
+    if args.text == "hash":
+        text_encoder = hash_text_encoder()
+    made = build(args, text_encoder)
+    inputs = {b: observations(args, b) for b in args.batches}
+    with torch.no_grad():
+        for policy in made.values():  # warm up: text cache, allocator, lazy inits
+            for obs in inputs.values():
+                policy.act(obs)
+    parallel = made["parallel"]
+
+    def encode_prefix(obs):  # the shared floor: vision + text + fusion transformer over the prefix only
+        state, images, tasks, _ = parallel._inputs(obs)
+        return parallel.backbone(parallel.prefix(state, images, tasks))
+
+    runners = {head: made[head].act for head in HEADS}
+    runners["prefix"] = torch.no_grad()(encode_prefix)
+    keys = [(head, b) for b in args.batches for head in (*HEADS, "prefix")]
+    times: dict[tuple, list[float]] = {k: [] for k in keys}
+    for r in range(args.rounds):
+        order = keys[r % len(keys):] + keys[:r % len(keys)]
+        for head, b in order:
+            start = time.perf_counter()
+            runners[head](inputs[b])
+            times[(head, b)].append(time.perf_counter() - start)
+
+    uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    rows = []  # "prefix": encoding the observation alone, the cost every head pays before decoding
+    for head, b in keys:
+        med = statistics.median(times[(head, b)])
+        rows.append(dict(head=head, batch=b, latency_ms=1e3 * med, actions_per_s=b * args.chunk / med,
+                         sequential_passes={"parallel": 1, "flow": 1 + args.flow_steps,
+                                            "ar": 1 + args.chunk * args.act_dim, "prefix": 1}[head]))
+    by = {(r["head"], r["batch"]): r for r in rows}
+    ratios = {f"parallel_over_ar_b{b}": by[("parallel", b)]["actions_per_s"] / by[("ar", b)]["actions_per_s"]
+              for b in args.batches}
+    ratios.update({f"flow_over_ar_b{b}": by[("flow", b)]["actions_per_s"] / by[("ar", b)]["actions_per_s"]
+                   for b in args.batches})
+    cpu = cpu_flags()
+    print(f"cpu: {cpu['model']}  avx512_bf16: {'yes' if cpu['avx512_bf16'] else 'no'}  cores: {cpu['cores']}  "
+          f"threads: {args.threads}  precision: fp32  device: {args.device}")
+    print(f"load: {uptime}")
+    print(f"backbone: dim {args.dim}, depth {args.depth}, cameras {args.cameras} at {args.image_size} px, "
+          f"chunk {args.chunk} x act {args.act_dim}, {made['parallel'].num_parameters():,} params (parallel)")
+    print(f"{'head':<9} {'batch':>5} {'passes':>6} {'ms/chunk':>9} {'actions/s':>10}")
+    for r in rows:
+        rate = f"{r['actions_per_s']:>10.0f}" if r["head"] != "prefix" else "  (shared)"
+        print(f"{r['head']:<9} {r['batch']:>5} {r['sequential_passes']:>6} {r['latency_ms']:>9.2f} {rate}")
+    for b in args.batches:
+        ratio = ratios[f"parallel_over_ar_b{b}"]
+        print(f"batch {b}: parallel/AR = {ratio:.1f}x  (goal >= {GOAL:.0f}x: {'met' if ratio >= GOAL else 'NOT met'})"
+              f"; flow/AR = {ratios[f'flow_over_ar_b{b}']:.1f}x")
+    result = dict(benchmark="vla_throughput", date=time.strftime("%Y-%m-%dT%H:%M:%S"), cpu=cpu, precision="fp32",
+                  threads=args.threads, device=args.device, uptime=uptime, rounds=args.rounds,
+                  config={k: v for k, v in vars(args).items() if k not in ("out",)}, rows=rows, ratios=ratios,
+                  goal_parallel_over_ar=GOAL,
+                  params={h: p.num_parameters() for h, p in made.items()})
+    out = Path(args.out) if args.out else (Path(__file__).resolve().parent / "results" /
+                                           f"vla_throughput-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
