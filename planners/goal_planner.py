@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planners import symbolic as sym
-from planners.backends.rule import COLORS, NOUNS, POLITE, SPLIT, _conflicts, _drop_superseded
+from planners.backends.rule import COLORS, NOUNS, POLITE, SPLIT, goals_conflict, drop_superseded
 from planners.base import LLMUsage, PlanRefusal, PlanResult, World
 from planners.grounding import candidates, load_embedder
 from planners.search import Goal, satisfied, shortest_plan
@@ -293,10 +293,10 @@ class GoalParser:
         for atom in chosen:
             new = expand(atom)
             for a, _ in new:  # a later wish replaces an earlier one about the same thing
-                for other in [k for k in kept if k not in dict(new) and _conflicts(a, k)]:
+                for other in [k for k in kept if k not in dict(new) and goals_conflict(a, k)]:
                     del kept[other]
             kept.update(new)
-        parse.goals = _drop_superseded(list(kept.items()))
+        parse.goals = drop_superseded(list(kept.items()))
         return parse
 
     def backend_skills(self, world: World) -> list[str]:

@@ -22,6 +22,15 @@ from policies.registry import register
 SAMPLERS = ("euler", "onestep")
 
 
+
+def euler_integrate(velocity, z: torch.Tensor, steps: int) -> torch.Tensor:
+    """x_1 from x_0 = z by `steps` Euler steps of dx/ds = velocity(x, s), s from 0 to 1; clipped to [-1, 1]."""
+    x, dt = z, 1.0 / steps
+    s = torch.zeros(z.shape[0], device=z.device)
+    for i in range(steps):
+        x = x + dt * velocity(x, s + i * dt)
+    return x.clamp(-1.0, 1.0)
+
 @register("flow")
 class FlowPolicy(GenerativeChunkPolicy):
     def __init__(self, obs_dim: int, act_dim: int, obs_horizon: int = 1, pred_horizon: int = 1,
@@ -77,12 +86,7 @@ class FlowPolicy(GenerativeChunkPolicy):
 
     # -- sampling ---------------------------------------------------------------------------------------
     def euler(self, cond: torch.Tensor, z: torch.Tensor, num_steps: int | None = None) -> torch.Tensor:
-        steps = num_steps or self.num_steps
-        x, dt = z, 1.0 / steps
-        s = torch.zeros(cond.shape[0], device=cond.device)
-        for i in range(steps):
-            x = x + dt * self.net(x, s + i * dt, cond)
-        return x.clamp(-1.0, 1.0)
+        return euler_integrate(lambda x, s: self.net(x, s, cond), z, num_steps or self.num_steps)
 
     def onestep_from(self, cond: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """Unclipped (the distillation loss needs the gradient everywhere); samplers clip."""

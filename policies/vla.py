@@ -38,6 +38,7 @@ from embodied.constants import STATE_KEY, TASK_KEY, image_key
 from embodied.errors import ConfigError, UserError
 from policies.base import Policy
 from policies.denoisers import SinusoidalEmbedding, make_denoiser
+from policies.flow import euler_integrate
 from policies.registry import register
 
 HEADS = ("parallel", "flow", "ar")
@@ -366,11 +367,7 @@ class VLAPolicy(Policy):
     def euler(self, prefix: torch.Tensor, z: torch.Tensor, num_steps: int | None = None) -> torch.Tensor:
         steps = num_steps or self.flow_steps
         _, cache = self.backbone(prefix)  # the prefix is encoded once; every step attends to its cache
-        x, dt = z, 1.0 / steps
-        s = torch.zeros(z.shape[0], device=z.device)
-        for i in range(steps):
-            x = x + dt * self.velocity(x, s + i * dt, cache)
-        return x.clamp(-1.0, 1.0)
+        return euler_integrate(lambda x, s: self.velocity(x, s, cache), z, steps)
 
     def onestep_from(self, prefix: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """The one-step head: noise + the pooled encoded prefix -> a chunk in one call (unclipped)."""

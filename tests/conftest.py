@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("WANDB_MODE", "disabled")
@@ -21,3 +22,12 @@ def run_benchmark():
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
         return result
     return run
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny networks: one thread is fastest, and two threads on a busy 2-core machine stall for ~100x."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -198,10 +198,10 @@ class RulePlanner:
         plan, trace = [], []
         for goals in clauses:
             for atom, want in goals:
-                for other in [k for k in kept if k != atom and _conflicts(atom, k)]:
+                for other in [k for k in kept if k != atom and goals_conflict(atom, k)]:
                     del kept[other]
                 kept[atom] = want
-            wanted = _drop_superseded(list(kept.items()))
+            wanted = drop_superseded(list(kept.items()))
             if not satisfied(state, wanted):
                 steps = shortest_plan(world, self.library, wanted, state, self.max_depth)
                 if steps is None:
@@ -215,7 +215,7 @@ class RulePlanner:
                           candidates=[c.key for c in candidates(world, self.library)], scores=trace)
 
 
-def _conflicts(new: str, old: str) -> bool:
+def goals_conflict(new: str, old: str) -> bool:
     """A later wish replaces an earlier one about the same thing: open/closed, lock state, where x is."""
     pa, ra = new[:-1].split("(", 1)
     pb, rb = old[:-1].split("(", 1)
@@ -226,7 +226,7 @@ def _conflicts(new: str, old: str) -> bool:
     return pa in where and pb in where and ra.split(",")[0] == rb.split(",")[0]
 
 
-def _drop_superseded(goals: list[Goal]) -> list[Goal]:
+def drop_superseded(goals: list[Goal]) -> list[Goal]:
     """holding(x) followed by a placement of x: the placement wins."""
     placed = {a.split("(", 1)[1].split(",")[0] for a, w in goals if w and a.split("(")[0] in ("on", "in", "at")}
     return [(a, w) for a, w in goals if not (a.startswith("holding(") and a[8:-1] in placed)]

@@ -18,12 +18,7 @@ SMALL = dict(dim=32, depth=1, num_heads=2, channels=[8, 16], pool=2, chunk=CHUNK
              n_bins=16)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def build(head: str, seed: int = 0, cameras=CAMERAS, **kw) -> VLAPolicy:
