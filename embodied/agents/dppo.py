@@ -11,7 +11,7 @@ the chain is itself an MDP and PPO applies to it. What this file implements:
   denoising step. The env-step advantage (GAE with a V(s) critic over env decisions, i.e. chunks)
   is discounted by gamma_denoise^(K-1-j) for fine-tuned step j, and the clip ratio grows from
   `clip_ratio_base` at the first fine-tuned step to `clip_ratio` at the last one (exponential schedule).
-- Rollouts from `n_envs` vectorised envs (`sims.vector.make_vec`, in-process or in workers), each
+- Rollouts from `n_envs` vectorised envs (the runner's `EnvSource.make_vec`, in-process or in workers), each
   executing its chunk open-loop (`sims.make(..., execute_horizon=k)`).
 
 `DPPORunner` is the offline->online runner with DPPO as its online phase: BC-diffusion pretraining (or a
@@ -27,7 +27,6 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-import sims.vector
 from embodied import agents
 from embodied.agents.chunking import GenerativeChunkActing
 from embodied.agents.base import Agent
@@ -312,8 +311,8 @@ class DPPORunner(Runner):
         cfg, agent = self.cfg, self.agent
         dcfg = agent.cfg
         n, to = dcfg.n_envs, agent.obs_horizon
-        envs = sims.vector.make_vec(cfg.env, n, asynchronous=dcfg.async_envs, autoreset="same_step",
-                                    execute_horizon=agent.execute_horizon)
+        envs = self.envs.make_vec(n, asynchronous=dcfg.async_envs, autoreset="same_step",
+                                  execute_horizon=agent.execute_horizon)
         loop = self.loop
         obs, _ = envs.reset(seed=cfg.seed + 7 + self.online_step)
         states = obs[STATE_KEY]

@@ -116,9 +116,13 @@ CHUNK_EVAL_ENVS = 5  # chunk agents run on manipulation tasks, whose envs hold ~
 
 class Runner:
     def __init__(self, cfg: RunnerConfig, dataset: Dataset | None, run_dir: str | Path, logger,
-                 progress: bool = True):
+                 progress: bool = True, envs: sims.EnvSource | None = None):
+        """`envs`: where the online envs come from (the caller's choice; sims' builders for cfg.env if None)."""
         cfg.validate()
         self.cfg, self.dataset, self.logger, self.progress = cfg, dataset, logger, progress
+        self.envs = envs if envs is not None else sims.EnvSource(cfg.env)
+        if self.envs.name != cfg.env:
+            raise ConfigError(f"the runner was given envs of {self.envs.name} for env={cfg.env}; pass the same task")
         self.run_dir = Path(run_dir)
         self.spec = sims.spec(cfg.env)
         self.rewards = cfg.reward_transform()  # the one reward transform: data in, online transitions, MC returns
@@ -322,7 +326,7 @@ class Runner:
 
     def _run_online(self) -> None:
         cfg = self.cfg
-        env = sims.make(cfg.env, seed=cfg.seed + 7 + self.online_step)
+        env = self.envs.make(seed=cfg.seed + 7 + self.online_step)
         sampler = self._sampler()
         obs, _ = env.reset(seed=cfg.seed + 7 + self.online_step)
         state = obs[STATE_KEY]

@@ -195,3 +195,27 @@ def test_actor_delay_takes_critic_steps_only(dataset, tmp_path):
     calls = count_updates(runner)
     runner._run_online()
     assert calls[1] == (60 - 20) * 2 and actor_steps[0] == 60 - 20 - 15
+
+
+def test_the_runner_takes_its_envs_from_the_caller(tmp_path):
+    """Agents never build envs (DESIGN.md): the online env comes from the EnvSource the runner is given."""
+    import sims
+
+    made = []
+
+    class Recording(sims.EnvSource):
+        def make(self, seed=None, **kwargs):
+            made.append(seed)
+            return super().make(seed=seed, **kwargs)
+
+    cfg = RunnerConfig(env="pointmaze-umaze", offline_algo=None, online_algo="sac", online_steps=30, random_steps=30,
+                       eval_every_online=30, eval_episodes=1, video_episodes=0, online_agent={"hidden": [16, 16]})
+
+    class Quiet:
+        def log(self, *args, **kwargs):
+            pass
+
+    Runner(cfg, None, tmp_path, Quiet(), progress=False, envs=Recording("pointmaze-umaze")).run()
+    assert made == [7], made  # one online env, seeded seed + 7
+    with pytest.raises(ConfigError, match="envs of hopper for env=pointmaze-umaze"):
+        Runner(cfg, None, tmp_path, Quiet(), progress=False, envs=sims.EnvSource("hopper"))
