@@ -360,9 +360,11 @@ def _check_choices(cfg: DictConfig, resolved: dict) -> None:
             catalog.check_request(cfg.env.name, cfg.dataset.quality, cfg.dataset.size, cfg.dataset.seed)
         except UserError as err:  # DatasetError: already one line naming the value
             raise ConfigError(f"dataset: {err}") from None
-    if needs_data and cfg.dataset.path and not Path(cfg.dataset.path).is_file():
-        raise ConfigError(f"dataset.path={cfg.dataset.path} does not exist; point it at a D4RL-layout HDF5 file, "
-                          "or drop dataset.path to generate the env's dataset")
+    lerobot = cfg.dataset.path and (Path(cfg.dataset.path) / "meta" / "info.json").is_file()
+    if needs_data and cfg.dataset.path and not (Path(cfg.dataset.path).is_file() or lerobot):
+        raise ConfigError(f"dataset.path={cfg.dataset.path} does not exist or is neither a file nor a LeRobotDataset "
+                          "folder (meta/info.json); point it at a D4RL-layout HDF5 file or a LeRobot v3 folder, or drop "
+                          "dataset.path to generate the env's dataset")
     if cfg.pretrained and not Path(cfg.pretrained).exists():
         raise ConfigError(f"pretrained={cfg.pretrained} does not exist; pass a run directory whose offline phase "
                           "finished (or its checkpoints/pretrained)")

@@ -48,6 +48,10 @@ def load_dataset(cfg: DictConfig):
     from embodied.data.d4rl import load_hdf5
     from embodied.data.minari_io import load_minari
 
+    if cfg.dataset.path and Path(cfg.dataset.path).is_dir():  # a LeRobotDataset v3 folder
+        from embodied.data.lerobot import load_lerobot_dataset
+
+        return load_lerobot_dataset(cfg.dataset.path)
     if cfg.dataset.path:
         return load_hdf5(cfg.dataset.path)
     if cfg.dataset.minari_id:
