@@ -65,8 +65,8 @@ def run(cfg: DictConfig, run_dir: Path, on_start=None) -> dict:
 
     Every config value, and with resume=true every file of the checkpoint to continue from, is checked before
     any work starts or anything in `run_dir` is written; `on_start()` is called once those checks passed."""
-    import sims
     from embodied.agents.runner import Runner
+    from sims.source import EnvSource
     from embodied.checkpoints import check_checkpoint_config, find_checkpoints, read_checkpoint
     from embodied.logging import RunLogger
     from embodied.plots import learning_curve
@@ -97,7 +97,7 @@ def run(cfg: DictConfig, run_dir: Path, on_start=None) -> dict:
         runner_cls = Runner
         if rcfg.online_algo == "dppo":  # on-policy fine-tuning with vectorised envs: its own online loop
             from embodied.agents.dppo import DPPORunner as runner_cls
-        runner = runner_cls(rcfg, dataset, run_dir, logger, progress=cfg.progress, envs=sims.EnvSource(rcfg.env))
+        runner = runner_cls(rcfg, dataset, run_dir, logger, progress=cfg.progress, envs=EnvSource(rcfg.env))
         if checkpoint is not None:
             runner.resume_latest(checkpoint)
         elif cfg.resume:

@@ -4,9 +4,8 @@ Observations are `{"observation.state": float32[obs_dim]}`, actions float32 in [
 Importing a task module registers its tasks; new suites do the same with `register_task`.
 """
 from sims.registry import TaskSpec, make, names, normalized_score, register_task, spec
-from sims.source import EnvSource
 from sims import locomotion, pointmaze  # noqa: F401  (registers the tasks)
 from sims import manip  # noqa: F401  (OGBench manipspace tasks)
 from sims.experts import expert
 
-__all__ = ["EnvSource", "TaskSpec", "make", "names", "spec", "normalized_score", "register_task", "expert"]
+__all__ = ["TaskSpec", "make", "names", "spec", "normalized_score", "register_task", "expert"]

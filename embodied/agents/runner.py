@@ -37,6 +37,7 @@ from embodied.data.replay import MixedReplay, ReplayBuffer
 from embodied.data.rewards import RewardTransform
 from embodied.errors import CheckpointError, ConfigError
 from embodied.evaluation import ChunkActor, evaluate, record_video
+from sims.source import EnvSource
 from embodied.stats import DIP_WINDOW_FRACTION, post_switch_dip
 from policies.base import STATE_KEY
 
@@ -116,11 +117,11 @@ CHUNK_EVAL_ENVS = 5  # chunk agents run on manipulation tasks, whose envs hold ~
 
 class Runner:
     def __init__(self, cfg: RunnerConfig, dataset: Dataset | None, run_dir: str | Path, logger,
-                 progress: bool = True, envs: sims.EnvSource | None = None):
+                 progress: bool = True, envs: EnvSource | None = None):
         """`envs`: where the online envs come from (the caller's choice; sims' builders for cfg.env if None)."""
         cfg.validate()
         self.cfg, self.dataset, self.logger, self.progress = cfg, dataset, logger, progress
-        self.envs = envs if envs is not None else sims.EnvSource(cfg.env)
+        self.envs = envs if envs is not None else EnvSource(cfg.env)
         if self.envs.name != cfg.env:
             raise ConfigError(f"the runner was given envs of {self.envs.name} for env={cfg.env}; pass the same task")
         self.run_dir = Path(run_dir)

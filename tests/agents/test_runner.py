@@ -199,11 +199,11 @@ def test_actor_delay_takes_critic_steps_only(dataset, tmp_path):
 
 def test_the_runner_takes_its_envs_from_the_caller(tmp_path):
     """Agents never build envs (DESIGN.md): the online env comes from the EnvSource the runner is given."""
-    import sims
+    from sims.source import EnvSource
 
     made = []
 
-    class Recording(sims.EnvSource):
+    class Recording(EnvSource):
         def make(self, seed=None, **kwargs):
             made.append(seed)
             return super().make(seed=seed, **kwargs)
@@ -218,4 +218,4 @@ def test_the_runner_takes_its_envs_from_the_caller(tmp_path):
     Runner(cfg, None, tmp_path, Quiet(), progress=False, envs=Recording("pointmaze-umaze")).run()
     assert made == [7], made  # one online env, seeded seed + 7
     with pytest.raises(ConfigError, match="envs of hopper for env=pointmaze-umaze"):
-        Runner(cfg, None, tmp_path, Quiet(), progress=False, envs=sims.EnvSource("hopper"))
+        Runner(cfg, None, tmp_path, Quiet(), progress=False, envs=EnvSource("hopper"))
