@@ -31,7 +31,7 @@ import numpy as np
 from planners import symbolic as sym
 from planners.backends.rule import COLORS, NOUNS, POLITE, SPLIT, goals_conflict, drop_superseded
 from planners.base import LLMUsage, PlanRefusal, PlanResult, World
-from planners.grounding import candidates, load_embedder
+from planners.grounding import candidates, embed_cached, load_embedder
 from planners.search import Goal, satisfied, shortest_plan
 from planners.skills import SkillLibrary
 
@@ -158,11 +158,7 @@ class GoalParser:
         self._protos = {k: self._embed(list(v)) for k, v in VERB_PROTOTYPES.items()}
 
     def _embed(self, texts: list[str]) -> np.ndarray:
-        missing = [t for t in dict.fromkeys(texts) if t not in self._cache]
-        if missing:
-            vecs = self.embedder.encode(missing, convert_to_numpy=True, normalize_embeddings=True)
-            self._cache.update(zip(missing, vecs))
-        return np.stack([self._cache[t] for t in texts])
+        return embed_cached(self.embedder, self._cache, texts)
 
     # ---- mentions --------------------------------------------------------------------------
     def _colour(self, word: str, pool: list) -> list:

@@ -87,6 +87,15 @@ class Match:
     nearest: str  # nearest candidate's text, even when rejected
 
 
+def embed_cached(model, cache: dict[str, np.ndarray], texts: list[str]) -> np.ndarray:
+    """Unit-norm sentence embeddings [len(texts), d]; each distinct text is encoded once into `cache`."""
+    missing = [t for t in dict.fromkeys(texts) if t not in cache]
+    if missing:
+        vecs = model.encode(missing, convert_to_numpy=True, normalize_embeddings=True)
+        cache.update(zip(missing, vecs))
+    return np.stack([cache[t] for t in texts])
+
+
 class TextGrounder:
     """Nearest admissible sub-goal by cosine similarity of sentence embeddings; reject below threshold."""
 
@@ -98,11 +107,7 @@ class TextGrounder:
         self._cache: dict[str, np.ndarray] = {}
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        missing = [t for t in dict.fromkeys(texts) if t not in self._cache]
-        if missing:
-            vecs = self.model.encode(missing, convert_to_numpy=True, normalize_embeddings=True)
-            self._cache.update(zip(missing, vecs))
-        return np.stack([self._cache[t] for t in texts])
+        return embed_cached(self.model, self._cache, texts)
 
     def ground(self, text: str, cands: list[SubGoal]) -> Match:
         if not cands:
