@@ -1,5 +1,6 @@
 """Offline-to-online presets side by side: wsrl, naive, calql, rlpd and scratch, same seeds, same dataset,
-same budgets, on Hopper (medium-replay), sparse PointMaze-medium and OGBench cube-single.
+same budgets, on Hopper (medium-replay), sparse PointMaze-medium, OGBench cube-single, and the main job
+(InvertedPendulum medium-replay, `experiment=default`).
 
 Pretrain once, fine-tune many: per task and seed, the wsrl job pretrains and saves its agent
 (`checkpoints/pretrained/`); naive, and calql where its pretraining is the same (Cal-QL tasks), start online
@@ -24,7 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TASKS = {"hopper": "o2o_hopper", "pointmaze": "o2o_pointmaze", "cube-single": "o2o_cube_single"}
+TASKS = {"hopper": "o2o_hopper", "pointmaze": "o2o_pointmaze", "cube-single": "o2o_cube_single",
+         "inverted-pendulum": "default"}  # the main job's preset, so its single run gets seeds and peers
 PRESETS = ["wsrl", "naive", "calql", "rlpd", "scratch"]
 SHARES_PRETRAINING = {"naive": "wsrl", "calql": "wsrl"}  # reuses wsrl's pretraining when the offline agent matches
 QUICK = ["experiment=smoke"]

@@ -27,6 +27,10 @@ class StateDictObservation(gymnasium.ObservationWrapper, RecordConstructorArgs):
         state_space = spaces.Box(-np.inf, np.inf, shape=(task_spec.obs_dim,), dtype=np.float32)
         self.observation_space = spaces.Dict({STATE_KEY: state_space})
 
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, float(reward), terminated, truncated, info  # InvertedPendulum returns an int
+
     def observation(self, observation):
         # asarray does not copy when the task already gives float32 (PointMaze).
         return {STATE_KEY: np.asarray(observation, dtype=np.float32)}

@@ -9,7 +9,7 @@ from embodied.errors import UserError
 from sims import wrappers
 
 ALL = sims.names()
-LIGHT = {"hopper", "halfcheetah", "walker2d", "ant", "pointmaze-umaze", "pointmaze-medium", "pointmaze-large"}
+LIGHT = {"hopper", "halfcheetah", "walker2d", "ant", "inverted-pendulum", "pointmaze-umaze", "pointmaze-medium", "pointmaze-large"}
 # every task, the manipulation scenes (seconds each to build and check) in the slow tier
 ALL_BY_COST = [name if name in LIGHT else pytest.param(name, marks=pytest.mark.slow) for name in ALL]
 
