@@ -199,8 +199,17 @@ class Runner:
     def _deterministic(self, states: np.ndarray) -> np.ndarray:
         return self.agent.actor.act(states, deterministic=True)[:, 0, :]
 
+    def _new_episode(self) -> None:
+        """Reset the acting policies' per-episode state (TD-MPC2's MPPI warm start, a generative policy's
+        observation history), so nothing from one episode, or from an eval, steers the next."""
+        for policy in (getattr(self.agent, "actor", None), self.pretrained_actor):
+            reset = getattr(policy, "reset", None)
+            if callable(reset):
+                reset()
+
     def evaluate(self, step: int, total_step: int) -> dict:
         cfg = self.cfg
+        self._new_episode()  # eval episodes start fresh; the online episode it interrupts restarts its plan too
         seed = cfg.seed * 1000 + 10_000  # the same start states at every eval: comparisons across evals are paired
         obs_horizon, execute_horizon = self._horizons()
         chunked = is_chunked(self.agent)
@@ -222,6 +231,7 @@ class Runner:
                 now = self.agent.actor.act(states, deterministic=True)[:, 0, :]
                 before = self.pretrained_actor.act(states, deterministic=True)[:, 0, :]
             metrics["switch/action_distance"] = float(np.mean(np.linalg.norm(now - before, axis=-1)))
+        self._new_episode()
         record = {"step": step, "total_step": total_step, "phase": self.phase, **metrics}
         self.eval_history.append(record)
         self.logger.log({**metrics, "total_step": total_step}, step=step, phase=self.phase, kind="eval")
@@ -362,6 +372,7 @@ class Runner:
                 episode_return = 0.0
                 state = env.reset()[0][STATE_KEY]
                 actor.reset()
+                self._new_episode()
             self.online_step = step = step + 1
             if step > self.learning_start():
                 owed += cfg.utd

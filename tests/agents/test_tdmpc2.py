@@ -362,6 +362,14 @@ def test_a_checkpoint_resumes_the_online_phase(preset, runs, monkeypatch):
     if cfg.algo.offline_algo:   # the frozen pretrained planner (the action-drift reference) comes back too
         frozen = {k[len("pretrained_actor."):]: v for k, v in ckpt.tensors.items() if k.startswith("pretrained_actor.")}
         assert frozen and all(torch.equal(v, frozen[k]) for k, v in runner.pretrained_actor.state_dict().items())
+    state = runner.online_buffer.sample(1)["observations"][0]
+    runner.agent.act(state)                                # a plan to warm-start the next step from
+    assert runner.agent.actor._warm
+    runner._new_episode()                                  # what the online loop does at every episode start
+    assert not runner.agent.actor._warm
+    runner.agent.act(state)
+    runner.evaluate(resume_at, resume_at)                  # evals plan from scratch and leave no plan behind
+    assert not runner.agent.actor._warm
     summary = runner.run()                                 # and it finishes the remaining env steps
     assert runner.online_step == 120 and summary["online_steps"] == 120
     assert [r["step"] for r in runner.eval_history if r["phase"] == "online"][-1] == 120
