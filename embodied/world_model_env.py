@@ -219,6 +219,18 @@ class SuccessClassifier(nn.Module):
 
 # -- the vector env ---------------------------------------------------------------------------------------
 
+def uncertainty(means: torch.Tensor, stds: torch.Tensor | None, penalty: str = "max_std") -> torch.Tensor:
+    """[K, B, D] member means (and stds) -> [B] penalty u(s, a); "max_std" without stds (a deterministic
+    model) falls back to "disagreement". The env and the fidelity diagnostics both call this one."""
+    if penalty not in PENALTIES:
+        raise ConfigError(f"penalty={penalty!r}: choose one of {', '.join(PENALTIES)}")
+    if penalty == "max_std" and stds is not None:
+        return stds.norm(dim=-1).max(0).values
+    if means.shape[0] < 2:
+        return torch.zeros(means.shape[1], device=means.device)
+    return means.std(0, unbiased=False).norm(dim=-1)
+
+
 class WorldModelEnv(gymnasium.vector.VectorEnv):
     """`num_envs` imagined rollouts stepped together in `model`, starting from `dataset` states."""
 
@@ -288,11 +300,7 @@ class WorldModelEnv(gymnasium.vector.VectorEnv):
 
     def uncertainty(self, means: torch.Tensor, stds: torch.Tensor | None) -> torch.Tensor:
         """[K, B, D] member means (and stds) -> [B] penalty u(s, a) (see the module docstring)."""
-        if self.penalty == "max_std" and stds is not None:
-            return stds.norm(dim=-1).max(0).values
-        if means.shape[0] < 2:
-            return torch.zeros(means.shape[1], device=means.device)
-        return means.std(0, unbiased=False).norm(dim=-1)
+        return uncertainty(means, stds, self.penalty)
 
     # -- gymnasium API ---------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
