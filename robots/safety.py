@@ -109,6 +109,21 @@ def braking_speed(room, acc, dt):
     return (room + u * n * (n - 1) / 2.0) / n / dt
 
 
+def braking_stop_after(pos, vel, late_s: float, acc, dt: float) -> tuple[np.ndarray, np.ndarray]:
+    """The reference `late_s` after the command's period ended with no next command (BACKEND_CONTRACT:
+    the arm brakes at `acc`): the speed a continuous stop has reached, at the position from which the
+    stop that `_brakes_inside` models (the speed held for one period, then `acc * dt` less per period)
+    ends where the one that was checked does. Ageing the position along the continuous stop itself put
+    the reference past the checked stopping path (its modelled stop up to half a period's travel
+    further), so a late command near a wall found even braking leaving the box."""
+    pos, vel = np.asarray(pos, np.float64), np.asarray(vel, np.float64)
+    acc = np.asarray(acc, np.float64)
+    t = np.minimum(late_s, np.abs(vel) / acc)
+    sign = np.sign(vel)
+    return (pos + vel * t - sign * acc * t * (t + dt) / 2.0,
+            sign * np.maximum(np.abs(vel) - acc * late_s, 0.0))
+
+
 class Filter(Protocol):
     name: str
 
@@ -215,10 +230,12 @@ class WorkspaceFilter:
     kinematics): a command is kept only if the arm can still stop inside the box from it, braking every
     joint at its acceleration limit (`_brakes_inside`, the whole stopping path checked through FK).
     Otherwise its velocity is blended towards the pure braking command (the previous one's stopping
-    path, inside by induction) by bisection, so the wall is met within the acceleration limit. Only if
-    even braking leaves the box (the arm was moved into a corner from outside the chain) is the step
-    cut short (`workspace_wall`, which may stop harder). From outside the box only steps that bring
-    the end effector closer are allowed.
+    path, inside by induction) by bisection, so the wall is met within the acceleration limit. If even
+    braking leaves the box (the arm was moved into a corner from outside the chain, or re-armed on a
+    measured state), the arm brakes: an arm cannot stop harder than its acceleration limit, so a step
+    cut at the wall would only tell the chain it had stopped where it has not. Only where the wall
+    lies inside the braking step itself is that step cut short (`workspace_wall`, which may stop
+    harder). From outside the box only steps that bring the end effector closer are allowed.
     """
 
     name = "workspace"
@@ -267,15 +284,21 @@ class WorkspaceFilter:
                     bad = mid
             _set_velocity(cmd, ctx, brake + good * (vel - brake))
             return cmd, [SafetyEvent("workspace", self.name, f"slowed ({good:.2f} of the step) to stop inside the box")]
-        good, bad = 0.0, 1.0  # braking alone leaves the box: cut the step at the wall
-        for _ in range(20):
-            mid = 0.5 * (good + bad)
-            if _box_distance(ctx.fk(start + mid * vel * ctx.dt_s), lo, hi) <= 0:
-                good = mid
-            else:
-                bad = mid
-        _set_velocity(cmd, ctx, good * vel)
-        return cmd, [SafetyEvent("workspace_wall", self.name, f"step cut to {good:.2f} at the workspace box")]
+        # braking alone leaves the box: brake (never the requested step, which may even speed up towards
+        # the wall), and cut the braking step short only where the wall is inside it
+        good, bad = 1.0, 1.0
+        if _box_distance(ctx.fk(start + brake * ctx.dt_s), lo, hi) > 0:
+            good = 0.0
+            for _ in range(20):
+                mid = 0.5 * (good + bad)
+                if _box_distance(ctx.fk(start + mid * brake * ctx.dt_s), lo, hi) <= 0:
+                    good = mid
+                else:
+                    bad = mid
+        _set_velocity(cmd, ctx, good * brake)
+        if good >= 1.0:
+            return cmd, [SafetyEvent("workspace", self.name, "braked: even braking does not stop inside the box")]
+        return cmd, [SafetyEvent("workspace_wall", self.name, f"braking cut to {good:.2f} of its step at the workspace box")]
 
 
 def _brakes_inside(vel: np.ndarray, ctx: Context, lo, hi) -> bool:
@@ -430,10 +453,8 @@ class SafetyChain:
         ref_pos, ref_vel = self.ref_pos.copy(), self.ref_vel.copy()
         late_s = 0.0 if elapsed_s is None else max(0.0, float(elapsed_s) - self.config.period_s)
         if late_s > 0 and mode is not ControlMode.EE_DELTA:  # see BACKEND_CONTRACT: it braked meanwhile
-            amax = np.asarray(self.config.joint_acc_max_rad_s2)
-            t = np.minimum(late_s, np.abs(ref_vel) / amax)
-            ref_pos = ref_pos + ref_vel * t - np.sign(ref_vel) * 0.5 * amax * t * t
-            ref_vel = np.sign(ref_vel) * np.maximum(np.abs(ref_vel) - amax * late_s, 0.0)
+            ref_pos, ref_vel = braking_stop_after(ref_pos, ref_vel, late_s, self.config.joint_acc_max_rad_s2,
+                                                  self.config.period_s)
         return Context(self.config, mode, self.config.period_s, np.asarray(obs["joint_pos_rad"], np.float64),
                        None if ee is None else np.asarray(ee, np.float64), ref_pos, ref_vel,
                        None if self.ref_ee is None else self.ref_ee.copy(),

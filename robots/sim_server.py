@@ -95,6 +95,8 @@ class SimArmServer:
         window = max(1, int(round(config.period_s * self.rate_hz)))
         self._qd_window: list = []     # joint velocities over the last control period, per tick
         self._window = window
+        n = window * self.substeps
+        self._ramp_lag = (n - 1) / (2.0 * n)  # the ramp's lag behind the commanded path, in periods
         gripper = {i for i in range(self.model.nbody) if self.model.body(i).name.startswith("ur5e/robotiq")}
         self._geom_in_gripper = np.array([self.model.geom_bodyid[g] in gripper for g in range(self.model.ngeom)])
         self._in_contact, self._contact_ticks = False, 0
@@ -196,11 +198,19 @@ class SimArmServer:
             mode = msg["mode"]
             values = np.asarray(msg["values"], np.float64)
             if mode == ControlMode.JOINT_POSITION.value:
-                # head for the target so as to reach it in one period (distance / time: a lag is caught up),
-                # through the acceleration-limited ramp, so arrival jitter never becomes a velocity jump;
-                # braking takes over if it is reached before the next one arrives
+                # the velocity that keeps the reference a fixed delay behind the commanded path: the ramp
+                # from u to w over the n ticks of a period moves (a u + (1 - a) w) dt, a = (n - 1) / 2n
+                # (about half a period), and should end a w dt short of the goal, so
+                # w = (goal - target - a u dt) / dt. Along the chain's path that is the chain's own
+                # velocity (goal - previous goal) / dt, and braking after the ramp then stops where the
+                # chain's stopping path does; a deviation (jitter, a late command) is corrected within
+                # about a period. Heading for the goal itself, (goal - target) / dt, left the reference
+                # a growing lag behind while the chain used the full speed and acceleration, caught up
+                # faster than the chain moved, and reached a stop the chain had planned at more than the
+                # planned speed: it braked past it, out of the workspace (issue 14).
+                dt = self.config.period_s
                 self.goal, self.braking = np.clip(values, self.lo, self.hi), False
-                vel = (self.goal - self.target) / self.config.period_s
+                vel = (self.goal - self.target - self._ramp_lag * self.target_vel * dt) / dt
                 self._ramp_to(vel / max(1.0, float(np.max(np.abs(vel) / self.vmax))))  # scaled: stay on the line
             elif mode == ControlMode.JOINT_VELOCITY.value:
                 self.goal, self.braking = None, False
@@ -263,15 +273,13 @@ class SimArmServer:
             if self.mode == "run" and self.ramp_ticks > 0:  # constant acceleration to the new velocity
                 self.target_vel = self.target_vel + self.ramp_step
                 self.ramp_ticks -= 1
-            elif self.mode == "run" and self.goal is None:
-                self.braking = True  # the velocity command's period is over and no next one came
+            elif self.mode == "run":
+                # the command's period is over and no next one came: brake at the acceleration limit.
+                # That is the chain's stopping path (the velocity held for a period, then braked) delayed
+                # by the ramp's half period, in both joint modes
+                self.goal, self.braking = None, True
             if self.mode == "hold" or (self.braking and self.ramp_ticks == 0):  # at the acceleration limit
                 self.target_vel = np.sign(self.target_vel) * np.maximum(np.abs(self.target_vel) - self.amax * dt, 0)
-            if self.goal is not None and self.ramp_ticks == 0 and np.all((np.abs(self.target_vel * dt) >= np.abs(self.goal - self.target))
-                                                | (self.target_vel * (self.goal - self.target) <= 0)):
-                # joint_position target reached and no next one yet: brake from here (the stopping path the
-                # safety chain checked), rather than stop dead at full speed
-                self.goal, self.braking = None, True
             if np.any(self.target_vel):
                 self.target = np.clip(self.target + self.target_vel * dt, self.lo, self.hi)
             # PD tracking of the reference: the velocity feed-forward cancels the servos' damping lag, and

@@ -166,3 +166,25 @@ def test_the_arm_holds_by_itself_when_the_whole_controller_process_stalls(ee_arm
     assert robot.config.watchdog_deadline_ms / 1e3 <= hold_after_s <= (robot.config.watchdog_deadline_ms / 1e3
                                                                         + robot.config.period_s)
     assert robot.state is State.CONNECTED and robot.watchdog_fired   # recorded here too once the process ran
+
+
+@pytest.mark.slow
+def test_joint_position_pushes_into_the_floor_stop_where_the_chain_planned():
+    """Unpaced joint-position bursts at the speed and acceleration limits (a zigzag of the shoulder,
+    then straight down into the floor): the sim arm must execute the chain's path, not lag behind it
+    and catch up. A lagging reference reached the stop the workspace filter had planned at the wall
+    faster than planned and braked past it (35 mm out of the box offline, issue 14)."""
+    with robots.make("sim_ur5e") as robot:
+        robot.arm()
+        robot.reset_peaks()
+        time.sleep(0.05)
+        pushes = [np.array([0.0, (-1.0) ** (k // 6), 0.0, 1.0, 1.0, 0.0]) for k in range(60)]
+        pushes += [np.array([0.0, 1.0, 0.0, 1.0, 1.0, 0.0])] * 100
+        for push in pushes:   # as fast as send_action lets the loop go, each a far jump
+            robot.send_action(np.append(robot.observe()["joint_pos_rad"] + 3.0 * push, 0.085))
+        time.sleep(0.3)       # the last stop brakes out
+        state = robot.server_state()
+        assert robot.state is State.ARMED and state["mode"] == "run" and state["cmds_ignored"] == 0
+        assert robot.chain.counts[("workspace", "clip")] > 0            # it did meet the floor
+        assert state["peak_box_excess_m"] <= 0.005
+        assert state["peak_speed_ratio"] <= 1.05 and state["peak_acc_ratio"] <= 1.05
