@@ -270,15 +270,22 @@ class WorkspaceFilter:
                 return cmd, []
             _set_velocity(cmd, ctx, np.zeros_like(vel))
             return cmd, [SafetyEvent("workspace_wall", self.name, "outside the box: step away from it stopped")]
-        if _brakes_inside(vel, ctx, lo, hi):
+        # stopping paths are planned inside a box `workspace_plan_margin_m` smaller (and, where the arm
+        # already is in that margin, no deeper into it): a plan that touches its wall leaves that much
+        # room for what no model of the arm gets exactly (a late command's ageing, rounding), so such a
+        # deviation is absorbed by the margin instead of finding even braking outside the box
+        margin = np.minimum(ctx.config.workspace_plan_margin_m, 0.25 * (hi - lo))
+        lo_in, hi_in = lo + margin, hi - margin
+        depth = _box_distance(p_start, lo_in, hi_in)
+        if _brakes_inside(vel, ctx, lo_in, hi_in, depth):
             return cmd, []
         brake = np.sign(ctx.ref_vel_rad_s) * np.maximum(np.abs(ctx.ref_vel_rad_s) - ctx.amax * ctx.dt_s, 0.0)
         brake = np.clip(brake, *ctx.velocity_bounds())  # an aged reference may sit just past the braking bound
-        if _brakes_inside(brake, ctx, lo, hi):
+        if _brakes_inside(brake, ctx, lo_in, hi_in, depth):
             good, bad = 0.0, 1.0
             for _ in range(12):
                 mid = 0.5 * (good + bad)
-                if _brakes_inside(brake + mid * (vel - brake), ctx, lo, hi):
+                if _brakes_inside(brake + mid * (vel - brake), ctx, lo_in, hi_in, depth):
                     good = mid
                 else:
                     bad = mid
@@ -301,13 +308,13 @@ class WorkspaceFilter:
         return cmd, [SafetyEvent("workspace_wall", self.name, f"braking cut to {good:.2f} of its step at the workspace box")]
 
 
-def _brakes_inside(vel: np.ndarray, ctx: Context, lo, hi) -> bool:
-    """Does the end effector stay in the box on this step and on the stop that follows it, every joint
-    braking by `amax * dt` per control step?"""
+def _brakes_inside(vel: np.ndarray, ctx: Context, lo, hi, allow: float = 0.0) -> bool:
+    """Does the end effector stay in the box (or within `allow` of it) on this step and on the stop that
+    follows it, every joint braking by `amax * dt` per control step?"""
     pos, v, dv = ctx.ref_pos_rad + vel * ctx.dt_s, np.asarray(vel, np.float64), ctx.amax * ctx.dt_s
     for _ in range(10_000):
         p = ctx.fk(pos)
-        if p is None or _box_distance(p, lo, hi) > 0:
+        if p is None or _box_distance(p, lo, hi) > allow:
             return p is None
         v = np.sign(v) * np.maximum(np.abs(v) - dv, 0.0)
         if not np.any(v):
@@ -447,12 +454,17 @@ class SafetyChain:
             return None, [SafetyEvent("non_finite", "guard", "NaN or Inf in the command")]
         return arr, []
 
-    def context(self, obs: dict, mode: ControlMode, fk=None, elapsed_s: float | None = None) -> Context:
-        """The filters' view. `elapsed_s` > one period ages the reference (see the module docstring)."""
+    def context(self, obs: dict, mode: ControlMode, fk=None, elapsed_s: float | None = None,
+                age_joints: bool | None = None) -> Context:
+        """The filters' view. `elapsed_s` > one period ages the joint reference (see the module
+        docstring): in joint modes, and in ee_delta through IK (`age_joints`), whose commands are joint
+        targets as well."""
         ee = obs.get("ee_pos_m")
         ref_pos, ref_vel = self.ref_pos.copy(), self.ref_vel.copy()
         late_s = 0.0 if elapsed_s is None else max(0.0, float(elapsed_s) - self.config.period_s)
-        if late_s > 0 and mode is not ControlMode.EE_DELTA:  # see BACKEND_CONTRACT: it braked meanwhile
+        if age_joints is None:
+            age_joints = mode is not ControlMode.EE_DELTA
+        if late_s > 0 and age_joints:  # see BACKEND_CONTRACT: it braked meanwhile
             ref_pos, ref_vel = braking_stop_after(ref_pos, ref_vel, late_s, self.config.joint_acc_max_rad_s2,
                                                   self.config.period_s)
         return Context(self.config, mode, self.config.period_s, np.asarray(obs["joint_pos_rad"], np.float64),
@@ -465,9 +477,9 @@ class SafetyChain:
         """`ik(q_ref_rad, ee_target_m, rot_delta_rad) -> q_rad | None`: in ee_delta mode the command that
         is checked and sent becomes the joint-position command it solves to."""
         self.commands += 1
-        ctx = self.context(obs, mode, fk, elapsed_s)
-        values, events = self.guard(action, mode)
         via_ik = mode is ControlMode.EE_DELTA and ik is not None
+        ctx = self.context(obs, mode, fk, elapsed_s, age_joints=mode is not ControlMode.EE_DELTA or via_ik)
+        values, events = self.guard(action, mode)
         cmd = None
         if values is not None:
             cmd = Command(mode, values[:-1].copy(), float(values[-1]), float(self.config.gripper_force_n))
@@ -496,6 +508,8 @@ class SafetyChain:
             events.append(SafetyEvent("final_check", "final_check", problem, "fault"))
             self._record(events)
             return FilterResult(None, events, False, fault=f"final_check: {problem}")
+        if cmd.mode is not ControlMode.EE_DELTA:
+            cmd.velocity_rad_s = _velocity_of(cmd, ctx)  # the planned velocity, as `commit` will take it
         self._record(events)
         return FilterResult(cmd, events, accepted)
 

@@ -152,6 +152,7 @@ class SimArm(Robot):
         self._send({"op": "cmd", "seq": self._seq, "mode": cmd.mode.value, "values": cmd.values.tolist(),
                     "gripper_width_m": cmd.gripper_width_m, "gripper_force_n": cmd.gripper_force_n,
                     "ee_target_m": None if cmd.ee_target_m is None else cmd.ee_target_m.tolist(),
+                    "vel": None if cmd.velocity_rad_s is None else cmd.velocity_rad_s.tolist(),
                     "t_send_s": time.monotonic()})
 
     def _hold(self) -> None:

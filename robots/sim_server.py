@@ -26,6 +26,7 @@ state, for the fuzz benchmarks (`reset_peaks` clears them).
 from __future__ import annotations
 
 import argparse
+import collections
 import heapq
 import json
 import os
@@ -64,6 +65,8 @@ class SimArmServer:
         self.goal: np.ndarray | None = None  # joint_position: where the reference is heading
         self.braking = False                 # the target was reached with no next one: brake
         self.ramp_step, self.ramp_ticks = np.zeros(6), 0  # a new velocity is reached over one period
+        self.pending: collections.deque = collections.deque()  # commands received, not yet started
+        self.period_ticks = 0   # ticks left of the period of the command being executed
         act = self.model.actuator_gainprm[:6, 0]
         self._rne = np.zeros(self.model.nv)
         self.servo_lead_s = -self.model.actuator_biasprm[:6, 2] / act  # kv / kp of the position servos
@@ -101,6 +104,13 @@ class SimArmServer:
         self._geom_in_gripper = np.array([self.model.geom_bodyid[g] in gripper for g in range(self.model.ngeom)])
         self._in_contact, self._contact_ticks = False, 0
         self.stats["collision_stops"] = 0
+        self.stats["cmds_superseded"] = 0  # dropped from a backlog over `max_pending` (bounds the delay)
+        self.max_pending = int(sim.get("max_pending_cmds", 3))
+        self.max_catch_up_s = float(sim.get("max_catch_up_ms", 100.0)) / 1e3
+        # joint_position with the planned velocity: a position error is made up over `catch_up_s`, at
+        # most `catch_up` of the speed limit faster or slower than planned
+        self.catch_up, self.catch_up_s = float(sim.get("catch_up", 0.02)), float(sim.get("catch_up_ms", 50.0)) / 1e3
+        self.stats["time_lost_s"] = 0.0  # simulated time given up after stalls over max_catch_up_s
         self.peaks = {"peak_speed_ratio": 0.0, "peak_acc_ratio": 0.0, "peak_acc_joint": -1, "peak_box_excess_m": 0.0}
 
     def _stop(self, now: float, op: str, reason: str) -> None:
@@ -108,7 +118,8 @@ class SimArmServer:
         like servoStop/speedStop); estop: the reference is frozen where the arm is (a category-0 stop)."""
         if self.mode == "estop" and op == "hold":
             return  # an e-stop is only left through recover
-        self.goal, self.ramp_ticks = None, 0
+        self.goal, self.ramp_ticks, self.period_ticks = None, 0, 0
+        self.pending.clear()
         if op == "estop":
             self.target, self.target_vel = self.data.qpos[:6].copy(), np.zeros(6)
         if self.mode != op or op == "estop":
@@ -123,6 +134,38 @@ class SimArmServer:
         # server catching up after a stall of its own)
         self.ramp_ticks = max(self._window * self.substeps, int(np.ceil(np.max(np.abs(delta) / (self.amax * dt)) - 1e-9)))
         self.ramp_step = delta / self.ramp_ticks
+
+    def _execute(self, mode: str, values: np.ndarray, width: float, planned: np.ndarray | None) -> None:
+        """Start a command's period: ramp to its velocity, brake after the period if no next one.
+
+        joint_position: the reference is kept a fixed delay behind the commanded path. The ramp from u
+        to w over the n ticks of a period moves (a u + (1 - a) w) dt, a = (n - 1) / 2n (about half a
+        period), and should end a w dt short of the goal: w = (goal - target - a u dt) / dt. Where the
+        client sends the velocity the chain planned (`planned`, Command.velocity_rad_s), that is fed
+        forward and the position error only trims it: a reference ahead of the path slows down by up to
+        one acceleration step a period, one behind it (a tick of this loop late, a command that came a
+        tick late, the limits leaving no room to make it up) is sped up by at most `catch_up` of the
+        speed limit, so it follows the chain's speeds a little later and at a stop the chain planned
+        arrives no faster than planned. Correcting the whole error in a period,
+        as heading for each target in one period did, left such a lag to grow while the chain used the
+        full speed and acceleration, then caught it up faster than the chain moved, and braked past the
+        stop the workspace filter had planned at the wall, out of the box (issue 14)."""
+        dt = self.config.period_s
+        if mode == ControlMode.JOINT_POSITION.value:
+            self.goal = np.clip(values, self.lo, self.hi)
+            vel = (self.goal - self.target - self._ramp_lag * self.target_vel * dt) / dt
+            if planned is not None and planned.shape == vel.shape and np.all(np.isfinite(planned)):
+                error = vel - planned  # the position error, per period
+                slower = error * planned < 0  # ahead of the path: slowing down is always on the safe side
+                trim = self.catch_up * self.vmax
+                vel = planned + np.where(slower, np.clip(error, -self.amax * dt, self.amax * dt),
+                                         np.clip(error * dt / self.catch_up_s, -trim, trim))
+            self._ramp_to(vel / max(1.0, float(np.max(np.abs(vel) / self.vmax))))  # scaled: stay on the line
+        else:
+            self.goal = None
+            self._ramp_to(np.clip(values, -self.vmax, self.vmax))
+        self.braking, self.period_ticks = False, self._window * self.substeps
+        self.grip_ctrl = 255.0 * (1.0 - np.clip(width / GRIPPER_OPEN_M, 0.0, 1.0))
 
     def _arm_contact(self) -> bool:
         """A contact between arm links, or between the arm and the gripper (the fingers touching each
@@ -196,36 +239,26 @@ class SimArmServer:
                 self.stats["cmds_ignored"] += 1
                 return True
             mode = msg["mode"]
-            values = np.asarray(msg["values"], np.float64)
-            if mode == ControlMode.JOINT_POSITION.value:
-                # the velocity that keeps the reference a fixed delay behind the commanded path: the ramp
-                # from u to w over the n ticks of a period moves (a u + (1 - a) w) dt, a = (n - 1) / 2n
-                # (about half a period), and should end a w dt short of the goal, so
-                # w = (goal - target - a u dt) / dt. Along the chain's path that is the chain's own
-                # velocity (goal - previous goal) / dt, and braking after the ramp then stops where the
-                # chain's stopping path does; a deviation (jitter, a late command) is corrected within
-                # about a period. Heading for the goal itself, (goal - target) / dt, left the reference
-                # a growing lag behind while the chain used the full speed and acceleration, caught up
-                # faster than the chain moved, and reached a stop the chain had planned at more than the
-                # planned speed: it braked past it, out of the workspace (issue 14).
-                dt = self.config.period_s
-                self.goal, self.braking = np.clip(values, self.lo, self.hi), False
-                vel = (self.goal - self.target - self._ramp_lag * self.target_vel * dt) / dt
-                self._ramp_to(vel / max(1.0, float(np.max(np.abs(vel) / self.vmax))))  # scaled: stay on the line
-            elif mode == ControlMode.JOINT_VELOCITY.value:
-                self.goal, self.braking = None, False
-                self._ramp_to(np.clip(values, -self.vmax, self.vmax))
-            else:  # the client solves ee deltas to joint targets; anything else is not executed
-                self.stats["cmds_ignored"] += 1
+            if mode not in (ControlMode.JOINT_POSITION.value, ControlMode.JOINT_VELOCITY.value):
+                self.stats["cmds_ignored"] += 1  # the client solves ee deltas to joint targets
                 return True
             self.last_cmd_s, self.last_cmd_sent_s = now, float(msg.get("t_send_s", now))
-            width = float(msg["gripper_width_m"])
-            self.grip_ctrl = 255.0 * (1.0 - np.clip(width / GRIPPER_OPEN_M, 0.0, 1.0))
+            # each command holds for one period, in the order sent: one that arrives while the last one's
+            # period still runs (a late tick of this loop, delivery jitter) waits for it instead of cutting
+            # it short, so a bunch of arrivals is executed as the path the chain planned, a little later,
+            # and not as a jump the reference can only catch up at the speed and acceleration limits
+            if len(self.pending) >= self.max_pending:
+                self.pending.popleft()
+                self.stats["cmds_superseded"] += 1
+            vel = msg.get("vel")
+            self.pending.append((mode, np.asarray(msg["values"], np.float64), float(msg["gripper_width_m"]),
+                                 None if vel is None else np.asarray(vel, np.float64)))
         elif op in ("hold", "estop"):
             self._stop(now, op, "client")
         elif op == "arm":
             if self.mode == "hold":  # still braking from a hold: keep braking, the client's chain knows
-                self.mode, self.goal, self.braking, self.ramp_ticks = "run", None, True, 0
+                self.mode, self.goal, self.braking, self.ramp_ticks, self.period_ticks = "run", None, True, 0, 0
+                self.pending.clear()
                 if not np.any(self.target_vel):
                     self.target = q
                 self.last_cmd_s, self.last_cmd_sent_s, self.hold_reason = now, None, None
@@ -237,6 +270,8 @@ class SimArmServer:
             self.data.qvel[:] = 0
             self.mj.mj_forward(self.model, self.data)
             self.target, self.target_vel, self.goal, self.mode = self.data.qpos[:6].copy(), np.zeros(6), None, "hold"
+            self.pending.clear()
+            self.ramp_ticks = self.period_ticks = 0
             self.hold_reason, self._qd_window = "reset", []
         elif op == "reset_peaks":
             self.peaks = dict.fromkeys(self.peaks, 0.0)
@@ -269,6 +304,9 @@ class SimArmServer:
         d = self.data
         dt = self.model.opt.timestep
         for _ in range(self.substeps):
+            if self.mode == "run" and self.period_ticks == 0 and self.pending:
+                self._execute(*self.pending.popleft())
+            self.period_ticks = max(0, self.period_ticks - 1)
             prev_vel = self.target_vel.copy()
             if self.mode == "run" and self.ramp_ticks > 0:  # constant acceleration to the new velocity
                 self.target_vel = self.target_vel + self.ramp_step
@@ -328,8 +366,16 @@ class SimArmServer:
                 if sleep > 0:
                     time.sleep(sleep)
                 elif sleep < -period:
+                    # late by more than a tick (descheduled on a loaded machine): the ticks missed are run
+                    # back to back, so the simulated arm keeps the wall clock that the controller's
+                    # commands and limits are timed on. Dropping them instead lost the time: the arm fell
+                    # behind the chain's path by a few milliseconds of travel each time, a lag it could
+                    # not make up while the chain moved at the speed limit (issue 14). Only a stall longer
+                    # than `max_catch_up_s` is given up on.
                     self.stats["overruns"] += 1
-                    next_t = time.monotonic()
+                    if sleep < -self.max_catch_up_s:
+                        self.stats["time_lost_s"] += -sleep
+                        next_t = time.monotonic()
         finally:
             self.sock.close()
             self.pub.close()

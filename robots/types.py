@@ -67,6 +67,7 @@ class RobotConfig:
     gripper_force_n: float = 20.0                  # the force every grasp command asks for
     home_joint_pos_rad: list = field(default_factory=lambda: [0.0] * 6)
     watchdog_deadline_ms: float = 500.0
+    workspace_plan_margin_m: float = 0.002         # joint modes: stopping paths are planned this far inside
     monitor_workspace_tol_m: float = 0.02          # measured ee outside the box by more: hold
     monitor_speed_tol: float = 0.10                # measured joint speed over limit x (1 + this): hold
     # what each safety event does: clip (fix the command and send it), reject (send a hold
@@ -100,6 +101,8 @@ class RobotConfig:
                               f"{', '.join(m.value for m in ControlMode)}")
         if self.watchdog_deadline_ms <= 0:
             raise ConfigError("robot.watchdog_deadline_ms must be positive")
+        if self.workspace_plan_margin_m < 0:
+            raise ConfigError("robot.workspace_plan_margin_m must be >= 0")
         if self.monitor_workspace_tol_m < 0 or self.monitor_speed_tol < 0:
             raise ConfigError("robot.monitor_workspace_tol_m and robot.monitor_speed_tol must be >= 0")
         self.on_violation = dict(self.on_violation or {})
@@ -141,6 +144,9 @@ class Command:
     gripper_width_m: float
     gripper_force_n: float
     ee_target_m: np.ndarray | None = None   # ee_delta mode: the absolute position the delta aims at
+    # joint modes: the velocity the chain planned for this command's period (rad/s), towards the target
+    # in position mode; a backend that interpolates may feed it forward (the sim arm does)
+    velocity_rad_s: np.ndarray | None = None
 
     def as_action(self) -> np.ndarray:
         return np.append(self.values, self.gripper_width_m).astype(np.float64)

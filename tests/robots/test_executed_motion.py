@@ -172,8 +172,10 @@ def test_the_arm_holds_by_itself_when_the_whole_controller_process_stalls(ee_arm
 def test_joint_position_pushes_into_the_floor_stop_where_the_chain_planned():
     """Unpaced joint-position bursts at the speed and acceleration limits (a zigzag of the shoulder,
     then straight down into the floor): the sim arm must execute the chain's path, not lag behind it
-    and catch up. A lagging reference reached the stop the workspace filter had planned at the wall
-    faster than planned and braked past it (35 mm out of the box offline, issue 14)."""
+    and catch up. Its reference fell behind (ticks and command arrivals a few ms late, no room to make
+    that up at the limits), caught up faster than the chain moved and reached the stop the workspace
+    filter had planned at the floor faster than planned: it braked past it, 23-56 mm out of the box,
+    and the monitor held the arm (issue 14)."""
     with robots.make("sim_ur5e") as robot:
         robot.arm()
         robot.reset_peaks()
@@ -186,5 +188,5 @@ def test_joint_position_pushes_into_the_floor_stop_where_the_chain_planned():
         state = robot.server_state()
         assert robot.state is State.ARMED and state["mode"] == "run" and state["cmds_ignored"] == 0
         assert robot.chain.counts[("workspace", "clip")] > 0            # it did meet the floor
-        assert state["peak_box_excess_m"] <= 0.005
+        assert state["peak_box_excess_m"] <= 0.01   # the plan stops 2 mm inside; before: 23-56 mm
         assert state["peak_speed_ratio"] <= 1.05 and state["peak_acc_ratio"] <= 1.05
