@@ -15,26 +15,18 @@ plan under benchmarks/results/planner_transformers_serve/ (a log, git-ignored).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_info as cpu_flags  # noqa: E402
 
 from embodied.errors import UserError, exit_on_user_error  # noqa: E402
 from embodied.logging import write_json_atomic  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def cpu_flags() -> dict:
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        info = ""
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
-    return {"model": model, "avx512_bf16": "avx512_bf16" in info, "cpus": os.cpu_count()}
 
 
 def unsupported_modes(backend, library) -> dict:

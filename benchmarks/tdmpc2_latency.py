@@ -19,7 +19,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -30,6 +29,8 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+from machine import cpu_info  # noqa: E402
 
 from embodied import agents  # noqa: E402
 from embodied.agents.tdmpc2 import TDMPC2Config  # noqa: E402
@@ -58,16 +59,6 @@ def timed(fn, n: int) -> list[tuple[float, float]]:
         fn()
         out.append(((time.perf_counter() - start) * 1e3, (time.thread_time() - cpu) * 1e3))
     return out
-
-
-def cpu_info() -> dict:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        text = ""
-    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), None)
-    return {"model": model or platform.processor(), "avx512_bf16": "avx512_bf16" in text,
-            "amx_bf16": "amx_bf16" in text, "cpu_count": os.cpu_count()}
 
 
 def main() -> None:

@@ -20,7 +20,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -31,23 +30,13 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_info as cpu_flags  # noqa: E402
 
 from embodied.constants import STATE_KEY, TASK_KEY, image_key  # noqa: E402
 from policies.vla import HEADS, VLAPolicy, hash_text_encoder  # noqa: E402
 
 GOAL = 26.0
-
-
-def cpu_flags() -> dict:
-    flag = subprocess.run(["grep", "-o", "-m1", "avx512_bf16", "/proc/cpuinfo"], capture_output=True, text=True)
-    model = ""
-    try:
-        model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-                     "")
-    except OSError:
-        pass
-    return {"model": model or platform.processor(), "avx512_bf16": bool(flag.stdout.strip()),
-            "cores": os.cpu_count()}
 
 
 def build(args, text_encoder) -> dict[str, VLAPolicy]:

@@ -26,7 +26,6 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,27 +34,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
-
-def cpu_info() -> dict:
-    model, flags = "", ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and not model:
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags") and not flags:
-                flags = line
-    except OSError:
-        pass
-    return {"model": model or platform.processor(), "avx512_bf16": "avx512_bf16" in flags.split(),
-            "cores": os.cpu_count()}
-
-
-def uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
+sys.path.insert(0, str(REPO / "benchmarks"))
+from machine import cpu_info, uptime  # noqa: E402
 
 
 CLOCK = {"cpu": time.process_time, "wall": time.perf_counter}
