@@ -93,6 +93,26 @@ def cli(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProces
 
 
 @pytest.mark.slow
+def test_the_main_job_runs_from_the_command_line_at_a_tiny_budget(tmp_path, monkeypatch):
+    """`bash run.sh train` is `python -m embodied.train` with the default experiment: InvertedPendulum
+    medium-replay generated from the committed experts, CQL, WSRL, and the end-of-offline -> online table."""
+    monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    run_dir = tmp_path / "run"
+    result = cli("dataset.size=3000", "budget.offline_steps=20", "budget.online_steps=200", "budget.warmup_steps=50",
+                 "eval.episodes=2", "eval.every_offline=20", "eval.every_online=100", "eval.video_episodes=0",
+                 "checkpoint.every=0", "progress=false", "bf16=false", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env"] == "inverted-pendulum" and summary["algo"] == "wsrl" and summary["offline_algo"] == "cql"
+    assert summary["score_kind"] == "d4rl_normalized" and summary["approximate_normalization"] is False
+    assert summary["offline_steps"] == 20 and summary["online_steps"] == 200
+    assert (tmp_path / "cache" / "datasets" / "inverted-pendulum-medium-replay-3000-s0.hdf5").is_file()
+    assert "wsrl on inverted-pendulum (seed 0)" in result.stdout
+    assert "| end of offline | end of online |" in result.stdout
+
+
+@pytest.mark.slow
 def test_bad_override_lists_valid_choices(tmp_path):
     result = cli("algo=wsrll", cwd=tmp_path)
     assert result.returncode == 2
