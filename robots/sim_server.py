@@ -13,6 +13,12 @@ message, so a slow reader never sees a stale backlog), and can misbehave on purp
 - `noise_q_rad`, `noise_qd_rad_s` add Gaussian sensor noise to the published joint state.
 
 Commands: joint position targets and joint velocities (integrated into targets at the tick rate).
+Each holds for one control period, in the order sent (one that arrives early waits for the last one's
+period; a backlog over `sim.max_pending_cmds` drops the oldest), reached through an
+acceleration-limited ramp; with no next command the reference brakes at the acceleration limit, which
+is the stopping path the safety chain checked, half a period later. Position commands feed forward
+the velocity the chain planned (`Command.velocity_rad_s`) and only trim it by the position error. A
+tick late by more than a tick is caught up, so the arm keeps the wall clock the commands are timed on.
 End-effector deltas never reach the server: the client solves them to joint targets
 (`ArmModel.ik`, damped least squares at the pinch site) and those pass the joint safety checks first.
 The server has its own state: `run` follows commands; `hold` brakes the targets at the acceleration
@@ -106,6 +112,7 @@ class SimArmServer:
         self.stats["collision_stops"] = 0
         self.stats["cmds_superseded"] = 0  # dropped from a backlog over `max_pending` (bounds the delay)
         self.max_pending = int(sim.get("max_pending_cmds", 3))
+        self._recover_pending, self.settle_s = False, float(sim.get("estop_settle_ms", 300.0)) / 1e3
         self.max_catch_up_s = float(sim.get("max_catch_up_ms", 100.0)) / 1e3
         # joint_position with the planned velocity: a position error is made up over `catch_up_s`, at
         # most `catch_up` of the speed limit faster or slower than planned
@@ -122,6 +129,7 @@ class SimArmServer:
         self.pending.clear()
         if op == "estop":
             self.target, self.target_vel = self.data.qpos[:6].copy(), np.zeros(6)
+            self._recover_pending = False
         if self.mode != op or op == "estop":
             self.mode, self.t_hold_s, self.hold_reason = op, now, reason
 
@@ -176,10 +184,20 @@ class SimArmServer:
                 return True
         return False
 
+    def _release_stop(self, now: float) -> None:
+        """A recover releases an e-stop (a category-0 stop: the reference frozen where the arm was) only
+        once the arm has come to rest, or after `settle_s`: leaving it while the arm still sprang back
+        to the frozen reference counted that impact's tail as the controller's acceleration."""
+        if self.mode == "estop" and self._recover_pending and (
+                (float(np.max(np.abs(self.data.qvel[:6]))) < 0.02 and not self._contact_ticks)
+                or now - (self.t_hold_s or now) > self.settle_s):
+            self.mode, self._recover_pending = "hold", False
+
     def _measure(self, now: float) -> None:
         """Peaks of the executed motion; a self-collision is a protective stop (as UR's collision
         detection makes one), and its impact is counted there, not as a controller overshoot."""
         d = self.data
+        self._release_stop(now)
         contact = self._arm_contact()
         if contact and not self._in_contact and self.mode == "run":
             self.stats["collision_stops"] += 1
@@ -264,12 +282,13 @@ class SimArmServer:
                 self.last_cmd_s, self.last_cmd_sent_s, self.hold_reason = now, None, None
         elif op == "recover":
             if self.mode == "estop":
-                self.mode = "hold"
+                self._recover_pending = True  # released once the stop is over (`_release_stop`)
         elif op == "reset":
             self.data.qpos[:6] = np.asarray(msg["joint_pos_rad"], np.float64)
             self.data.qvel[:] = 0
             self.mj.mj_forward(self.model, self.data)
             self.target, self.target_vel, self.goal, self.mode = self.data.qpos[:6].copy(), np.zeros(6), None, "hold"
+            self._recover_pending = False
             self.pending.clear()
             self.ramp_ticks = self.period_ticks = 0
             self.hold_reason, self._qd_window = "reset", []

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import robots
-from robot_helpers import RecordingRobot, small_config
+from robot_helpers import RecordingRobot, planar_fk, small_config
 from robots.base import ControlMode, State
 
 
@@ -190,3 +190,27 @@ def test_joint_position_pushes_into_the_floor_stop_where_the_chain_planned():
         assert robot.chain.counts[("workspace", "clip")] > 0            # it did meet the floor
         assert state["peak_box_excess_m"] <= 0.01   # the plan stops 2 mm inside; before: 23-56 mm
         assert state["peak_speed_ratio"] <= 1.05 and state["peak_acc_ratio"] <= 1.05
+
+
+@pytest.mark.parametrize("late_ms", [0.4, 3.0])
+def test_late_commands_into_a_wall_brake_within_the_acceleration_limit(late_ms):
+    """Every command a little late (as on a loaded machine) while pushing into the floor: the aged
+    reference must stay on the stopping path the workspace filter checked, so braking still stops
+    inside the box. Ageing along a continuous stop put it past that path; even braking then left the
+    box, the step was cut at the wall harder than the arm can stop, and the reference walked out of
+    the box, where every step away from it was stopped dead (issue 14)."""
+    robot = armed(home_joint_pos_rad=[0.0, 0.6, -0.4])
+    dt, amax = robot.config.period_s, np.asarray(robot.config.joint_acc_max_rad_s2)
+    lo, hi = np.array(robot.config.workspace_min_m), np.array(robot.config.workspace_max_m)
+    v_prev = np.zeros(3)
+    for _ in range(200):
+        ref = robot.chain.ref_pos.copy()
+        robot.send_action(np.array([0.0, ref[1] - 1.0, 0.0, 0.0]))   # the shoulder down, hard
+        robot.virtual_s += dt + late_ms / 1e3                        # the next one comes late
+        v = robot.chain.ref_vel.copy()
+        assert np.all(np.abs(v - v_prev) <= amax * dt + amax * late_ms / 1e3 + 1e-9)  # braking, never a cut
+        v_prev = v
+    assert robot.chain.counts[("workspace", "clip")] > 0                 # it met the floor
+    assert robot.chain.counts[("workspace_wall", "clip")] == 0           # and never had to stop harder
+    p = planar_fk(robot.chain.ref_pos)
+    assert np.all(p >= lo - 1e-9) and np.all(p <= hi + 1e-9) and np.abs(robot.chain.ref_vel).max() < 1e-9
