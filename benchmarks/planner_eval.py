@@ -19,15 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from embodied.errors import UserError, exit_on_user_error  # noqa: E402
 from embodied.logging import write_json_atomic  # noqa: E402
+from machine import uptime  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "planner_eval"
 
@@ -104,20 +105,13 @@ def main(argv=None) -> None:
     _write_table(out)
 
 
-def _uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def _machine(threads: int) -> dict:
     try:
         bf16 = "avx512_bf16" in Path("/proc/cpuinfo").read_text()
     except OSError:
         bf16 = None
     return {"threads": threads, "cpus": os.cpu_count(), "avx512_bf16": bf16,
-            "precision": "fp32 (SmolLM2 dequantised from Q4_1 GGUF; MiniLM fp32)", "uptime": _uptime()}
+            "precision": "fp32 (SmolLM2 dequantised from Q4_1 GGUF; MiniLM fp32)", "uptime": uptime() or "unknown"}
 
 
 def _write_table(out: Path) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import platform
 import sys
 import time
 from collections import Counter
@@ -28,16 +27,16 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+from machine import cpu_info  # noqa: E402
 
 import robots  # noqa: E402
 from robots.base import RobotFault, State  # noqa: E402
 
 
 def cpu_name() -> str:
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in flags.splitlines() if line.startswith("model name")),
-                 platform.processor())
-    return f"{model} ({'avx512_bf16' if 'avx512_bf16' in flags else 'no avx512_bf16'})"
+    info = cpu_info()
+    return f"{info['model']} ({'avx512_bf16' if info['avx512_bf16'] else 'no avx512_bf16'})"
 
 
 def make_action(kind: str, mode: str, rng, direction: np.ndarray, obs: dict, cfg) -> np.ndarray:

@@ -138,6 +138,12 @@ def plot(results: dict, arrays: dict, outdir: Path, penalty: str) -> list[str]:
     tasks = list(results)
     written = []
 
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(outdir / name, dpi=110)
+        plt.close(fig)
+        written.append(str(outdir / name))
+
     fig, axes = plt.subplots(2, len(tasks), figsize=(5 * len(tasks), 7), squeeze=False)
     for j, task in enumerate(tasks):
         for i, (key, label) in enumerate((("l2", "L2 state error"), ("normalised", "RMS error / dataset std"))):
@@ -152,9 +158,7 @@ def plot(results: dict, arrays: dict, outdir: Path, penalty: str) -> list[str]:
             ax.grid(alpha=0.3)
             if i == 0 and j == 0:
                 ax.legend(fontsize=8, title="band: 95% CI of mean; light: 2.5-97.5%", title_fontsize=7)
-    fig.tight_layout()
-    path = outdir / "open_loop_error_vs_horizon.png"
-    fig.savefig(path, dpi=110); plt.close(fig); written.append(str(path))
+    save(fig, "open_loop_error_vs_horizon.png")
 
     fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4.5), squeeze=False)
     for j, task in enumerate(tasks):
@@ -165,9 +169,7 @@ def plot(results: dict, arrays: dict, outdir: Path, penalty: str) -> list[str]:
         ax.set_xlabel("real reward"); ax.set_ylabel("predicted reward (one step, member mean)")
         ax.set_title(f"{task}: MAE {rew['mae']:.3g}, r {rew['pearson']:.3f}")
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = outdir / "reward_predicted_vs_real.png"
-    fig.savefig(path, dpi=110); plt.close(fig); written.append(str(path))
+    save(fig, "reward_predicted_vs_real.png")
 
     fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4.5), squeeze=False)
     for j, task in enumerate(tasks):
@@ -178,9 +180,7 @@ def plot(results: dict, arrays: dict, outdir: Path, penalty: str) -> list[str]:
         ax.set_ylabel(f"penalty u(s, a) [{penalty}]")
         ax.set_title(f"{task}: Spearman rho = {pen['spearman']:.3f}")
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = outdir / "penalty_vs_true_error.png"
-    fig.savefig(path, dpi=110); plt.close(fig); written.append(str(path))
+    save(fig, "penalty_vs_true_error.png")
     return written
 
 

@@ -20,6 +20,7 @@ import torch
 
 from embodied.data.generate import state_of
 from embodied.errors import ConfigError
+from embodied.stats import bootstrap_means
 from embodied.world_model_env import uncertainty
 
 
@@ -157,9 +158,7 @@ def _interval(values: np.ndarray, seed: int = 0, resamples: int = 1000) -> dict[
     """Per column of values [N, T]: mean, a bootstrap 95% interval of that mean over the N rows, and the
     2.5/97.5 percentiles of the rows themselves (the spread of single segments)."""
     values = np.asarray(values, np.float64)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(values), size=(resamples, len(values)))
-    means = values[idx].mean(1)  # [resamples, T]
+    means = bootstrap_means(values, resamples, seed)  # [resamples, T]
     return {"mean": values.mean(0), "ci95_low": np.percentile(means, 2.5, axis=0),
             "ci95_high": np.percentile(means, 97.5, axis=0),
             "p2_5": np.percentile(values, 2.5, axis=0), "p97_5": np.percentile(values, 97.5, axis=0)}

@@ -68,8 +68,7 @@ class SimArmServer:
         mujoco.mj_forward(self.model, self.data)
         self.target = home.copy()       # the joint reference the servos track ...
         self.target_vel = np.zeros(6)   # ... and its velocity (feed-forward)
-        self.goal: np.ndarray | None = None  # joint_position: where the reference is heading
-        self.braking = False                 # the target was reached with no next one: brake
+        self.braking = False                 # the command's period ended with no next one: brake
         self.ramp_step, self.ramp_ticks = np.zeros(6), 0  # a new velocity is reached over one period
         self.pending: collections.deque = collections.deque()  # commands received, not yet started
         self.period_ticks = 0   # ticks left of the period of the command being executed
@@ -125,7 +124,7 @@ class SimArmServer:
         like servoStop/speedStop); estop: the reference is frozen where the arm is (a category-0 stop)."""
         if self.mode == "estop" and op == "hold":
             return  # an e-stop is only left through recover
-        self.goal, self.ramp_ticks, self.period_ticks = None, 0, 0
+        self.ramp_ticks, self.period_ticks = 0, 0
         self.pending.clear()
         if op == "estop":
             self.target, self.target_vel = self.data.qpos[:6].copy(), np.zeros(6)
@@ -160,8 +159,8 @@ class SimArmServer:
         stop the workspace filter had planned at the wall, out of the box (issue 14)."""
         dt = self.config.period_s
         if mode == ControlMode.JOINT_POSITION.value:
-            self.goal = np.clip(values, self.lo, self.hi)
-            vel = (self.goal - self.target - self._ramp_lag * self.target_vel * dt) / dt
+            goal = np.clip(values, self.lo, self.hi)
+            vel = (goal - self.target - self._ramp_lag * self.target_vel * dt) / dt
             if planned is not None and planned.shape == vel.shape and np.all(np.isfinite(planned)):
                 error = vel - planned  # the position error, per period
                 slower = error * planned < 0  # ahead of the path: slowing down is always on the safe side
@@ -170,7 +169,6 @@ class SimArmServer:
                                          np.clip(error * dt / self.catch_up_s, -trim, trim))
             self._ramp_to(vel / max(1.0, float(np.max(np.abs(vel) / self.vmax))))  # scaled: stay on the line
         else:
-            self.goal = None
             self._ramp_to(np.clip(values, -self.vmax, self.vmax))
         self.braking, self.period_ticks = False, self._window * self.substeps
         self.grip_ctrl = 255.0 * (1.0 - np.clip(width / GRIPPER_OPEN_M, 0.0, 1.0))
@@ -275,7 +273,7 @@ class SimArmServer:
             self._stop(now, op, "client")
         elif op == "arm":
             if self.mode == "hold":  # still braking from a hold: keep braking, the client's chain knows
-                self.mode, self.goal, self.braking, self.ramp_ticks, self.period_ticks = "run", None, True, 0, 0
+                self.mode, self.braking, self.ramp_ticks, self.period_ticks = "run", True, 0, 0
                 self.pending.clear()
                 if not np.any(self.target_vel):
                     self.target = q
@@ -287,7 +285,7 @@ class SimArmServer:
             self.data.qpos[:6] = np.asarray(msg["joint_pos_rad"], np.float64)
             self.data.qvel[:] = 0
             self.mj.mj_forward(self.model, self.data)
-            self.target, self.target_vel, self.goal, self.mode = self.data.qpos[:6].copy(), np.zeros(6), None, "hold"
+            self.target, self.target_vel, self.mode = self.data.qpos[:6].copy(), np.zeros(6), "hold"
             self._recover_pending = False
             self.pending.clear()
             self.ramp_ticks = self.period_ticks = 0
@@ -334,7 +332,7 @@ class SimArmServer:
                 # the command's period is over and no next one came: brake at the acceleration limit.
                 # That is the chain's stopping path (the velocity held for a period, then braked) delayed
                 # by the ramp's half period, in both joint modes
-                self.goal, self.braking = None, True
+                self.braking = True
             if self.mode == "hold" or (self.braking and self.ramp_ticks == 0):  # at the acceleration limit
                 self.target_vel = np.sign(self.target_vel) * np.maximum(np.abs(self.target_vel) - self.amax * dt, 0)
             if np.any(self.target_vel):
