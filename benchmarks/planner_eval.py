@@ -93,7 +93,7 @@ def main(argv=None) -> None:
                         backend=backend if spec.startswith("smollm2") else None, wandb_run=run,
                         log=lambda m: print(m, flush=True), name=f"{spec}{suffix}")
         res["wall_s"] = time.perf_counter() - t0
-        res["machine"] = {**machine, "uptime_after": _uptime()}
+        res["machine"] = {**machine, "uptime_after": uptime() or "unknown"}
         res["set"] = args.set
         if run is not None:
             run.summary.update({k: v for k, v in res["summary"].items() if isinstance(v, (int, float))})

@@ -271,7 +271,6 @@ def main() -> None:
 
     import policies
     from robots.client import LocalPolicyServer, PolicyClient
-    from robots.wire import pack
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=5000)

@@ -66,7 +66,6 @@ def jsonable(value):
 
 def run_task(task: str, args) -> tuple[dict, dict]:
     """Fit, roll, diagnose one task. Returns (JSON-ready summary, arrays for the plots)."""
-    import torch
 
     import sims
     from embodied.data.catalog import load_dataset
