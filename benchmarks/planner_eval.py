@@ -2,12 +2,15 @@
 
     python benchmarks/planner_eval.py --planners rule,smollm2-generate,smollm2-saycan,smollm2-constrained
     python benchmarks/planner_eval.py --planners smollm2-goal+ret --set heldout   # issue 19
+    python benchmarks/planner_eval.py --planners rule --skills learned --skills-dir runs/skills
 
 Planners: rule, smollm2-<mode> for mode generate / saycan / constrained / goal, each LLM mode also with
 "+ret" (the k=3 nearest bank examples of planners/examples.py in the prompt). --set suite runs the
 23-task suite (planners/tasks.py), --set heldout the held-out set (planners/heldout.py, never used for
 tuning); result files of the held-out set end in "-heldout". The adversarial set runs with both unless
---no-adversarial. The summary records the CPU (avx512_bf16 or not), precision and the load average.
+--no-adversarial. --skills learned swaps the scripted oracles for the checkpoints that
+`python -m planners.train_skills` wrote (result files end in "-learned"); the summary then has the
+per-skill success rate and whether failed tasks failed in planning or in a skill. The summary records the CPU (avx512_bf16 or not), precision and the load average.
 
 Every planner runs the same tasks, seeds and skill oracles in one process; SmolLM2 is loaded once and
 shared. Writes benchmarks/results/planner_eval/<planner>.json (per-task rows + summary), the JSONL
@@ -35,7 +38,7 @@ OUT = Path(__file__).resolve().parent / "results" / "planner_eval"
 
 @exit_on_user_error
 def main(argv=None) -> None:
-    from planners.evaluate import ALL_PLANNERS, PLANNERS, run_suite, table
+    from planners.evaluate import ALL_PLANNERS, PLANNERS, run_suite, skill_table, table
     from planners.heldout import HELDOUT
     from planners.tasks import ADVERSARIAL, TASKS
 
@@ -47,6 +50,8 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-replans", type=int, default=3)
+    ap.add_argument("--skills", default="oracle", choices=("oracle", "learned"))
+    ap.add_argument("--skills-dir", default=None, help="with --skills learned: planners.train_skills' --out")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--wandb", default="disabled", choices=("disabled", "offline", "online"))
     ap.add_argument("--table-only", action="store_true", help="rebuild the table from saved results")
@@ -61,7 +66,9 @@ def main(argv=None) -> None:
         if spec not in ALL_PLANNERS:
             raise UserError(f"--planners: unknown {spec!r}; choose from {', '.join(ALL_PLANNERS)}")
     pool = TASKS if args.set == "suite" else HELDOUT
-    suffix = "" if args.set == "suite" else "-heldout"
+    if args.skills == "learned" and not args.skills_dir:
+        raise UserError("--skills learned needs --skills-dir (the --out of `python -m planners.train_skills`)")
+    suffix = ("" if args.set == "suite" else "-heldout") + ("-learned" if args.skills == "learned" else "")
     tasks = pool if args.tasks == "all" else tuple(t for t in pool if t.id in args.tasks.split(","))
     if not tasks:
         raise UserError(f"--tasks {args.tasks!r} matches no task; ids: {', '.join(t.id for t in pool)}")
@@ -91,7 +98,8 @@ def main(argv=None) -> None:
         t0 = time.perf_counter()
         res = run_suite(spec, tasks, adversarial, out, seed=args.seed, max_replans=args.max_replans,
                         backend=backend if spec.startswith("smollm2") else None, wandb_run=run,
-                        log=lambda m: print(m, flush=True), name=f"{spec}{suffix}")
+                        log=lambda m: print(m, flush=True), name=f"{spec}{suffix}", skills=args.skills,
+                        skills_dir=args.skills_dir)
         res["wall_s"] = time.perf_counter() - t0
         res["machine"] = {**machine, "uptime_after": uptime() or "unknown"}
         res["set"] = args.set
@@ -102,6 +110,7 @@ def main(argv=None) -> None:
         (out / f"{spec}{suffix}.partial.json").unlink(missing_ok=True)
         results.append(res)
         print(table([res]), flush=True)
+        print(skill_table([res]), flush=True)
     _write_table(out)
 
 
@@ -116,11 +125,11 @@ def _machine(threads: int) -> dict:
 
 def _write_table(out: Path) -> None:
     """Merge every planner's saved result (this run and earlier ones) into one JSON and one table."""
-    from planners.evaluate import ALL_PLANNERS, table
+    from planners.evaluate import ALL_PLANNERS, skill_table, table
 
     merged = {}
     for spec in ALL_PLANNERS:
-        for suffix in ("", "-heldout"):
+        for suffix in ("", "-heldout", "-learned", "-heldout-learned"):
             path = out / f"{spec}{suffix}.json"
             if path.exists():
                 res = json.loads(path.read_text())
@@ -129,7 +138,7 @@ def _write_table(out: Path) -> None:
     write_json_atomic(out / "planner_eval.json", {k: {"summary": v["summary"], "wall_s": v.get("wall_s"),
                                                       "machine": v.get("machine")}
                                                   for k, v in merged.items()})
-    text = table(list(merged.values()))
+    text = table(list(merged.values())) + "\n\nPer skill (sub-goals finished / run):\n\n" + skill_table(list(merged.values()))
     (out / "planner_eval.md").write_text(text + "\n")
     print(text)
 

@@ -17,6 +17,7 @@ from embodied.errors import UserError
 from embodied.logging import write_json_atomic
 from planners.backends.rule import RulePlanner
 from planners.executor import FAILURES, Executor, ExecutorConfig, Trace
+from planners.learned_skill import load_learned_skills
 from planners.llm_planner import LLMPlanner, LLMPlannerConfig
 from planners.sim import oracle_skills, world_from_env
 from planners.tasks import ADVERSARIAL, TASKS, Task
@@ -67,8 +68,16 @@ def make_planner(spec: str, library, backend=None, threshold: float = 0.8):
 
 
 def run_suite(spec: str, tasks=TASKS, adversarial=ADVERSARIAL, out_dir: str | Path | None = None, seed: int = 0,
-              max_replans: int = 3, backend=None, wandb_run=None, log=print, name: str | None = None) -> dict:
-    """`name` (default: spec) names the trace and partial files, e.g. '<spec>-heldout'."""
+              max_replans: int = 3, backend=None, wandb_run=None, log=print, name: str | None = None,
+              skills: str = "oracle", skills_dir: str | Path | None = None) -> dict:
+    """`name` (default: spec) names the trace and partial files, e.g. '<spec>-heldout'. `skills`:
+    "oracle" (the scripted OGBench oracles) or "learned" (checkpoints under `skills_dir`, written by
+    `python -m planners.train_skills`)."""
+    if skills not in ("oracle", "learned"):
+        raise UserError(f"skills={skills!r}: choose oracle or learned")
+    if skills == "learned" and not skills_dir:
+        raise UserError("skills=learned needs skills_dir (the --out of `python -m planners.train_skills`)")
+    library_fn = oracle_skills if skills == "oracle" else (lambda env: load_learned_skills(env, skills_dir))
     out_dir = Path(out_dir) if out_dir else None
     name = name or spec
     trace = Trace(out_dir / f"trace_{name}.jsonl" if out_dir else None, wandb_run)
@@ -76,7 +85,7 @@ def run_suite(spec: str, tasks=TASKS, adversarial=ADVERSARIAL, out_dir: str | Pa
     rows = []
     try:
         for k, task in enumerate(tasks):
-            rows.append(_run_task(spec, task, pool, trace, seed, max_replans, backend, k))
+            rows.append(_run_task(spec, task, pool, trace, seed, max_replans, backend, k, library_fn))
             r = rows[-1]
             if out_dir:  # partial results survive a killed run
                 write_json_atomic(out_dir / f"{name}.partial.json", {"planner": spec, "tasks": rows})
@@ -90,7 +99,7 @@ def run_suite(spec: str, tasks=TASKS, adversarial=ADVERSARIAL, out_dir: str | Pa
         adv = []
         for k, (env_name, task_id, instruction) in enumerate(adversarial):
             task = Task(f"adv{k}", env_name, task_id, instruction, (), 0)
-            r = _run_task(spec, task, pool, trace, seed, 0, backend, 1000 + k, goals=False)
+            r = _run_task(spec, task, pool, trace, seed, 0, backend, 1000 + k, library_fn, goals=False)
             adv.append({"instruction": instruction, "refused": r["refused"],
                         "executed": [e for e in r.pop("executed")],
                         "ungrounded_reached_skill": r["ungrounded_reached_skill"]})
@@ -98,21 +107,29 @@ def run_suite(spec: str, tasks=TASKS, adversarial=ADVERSARIAL, out_dir: str | Pa
     finally:
         trace.close()
         pool.close()
-    return {"planner": spec, "seed": seed, "summary": summarise(rows, adv), "tasks": rows, "adversarial": adv}
+    return {"planner": spec, "seed": seed, "skills": skills, "summary": summarise(rows, adv), "tasks": rows,
+            "adversarial": adv}
 
 
 def _run_task(spec, task: Task, pool: EnvPool, trace: Trace, seed: int, max_replans: int, backend, k: int,
-              goals: bool = True) -> dict:
+              library_fn=oracle_skills, goals: bool = True) -> dict:
     env = pool.get(task.env)
     obs, info = env.reset(seed=seed + k, options={"task_id": task.task_id})
-    library = oracle_skills(env)
+    library = library_fn(env)
     planner = make_planner(spec, library, backend)
     executor = Executor(planner, library, world_from_env, ExecutorConfig(max_replans=max_replans, seed=seed), trace)
     first = len(trace.events)
     res = executor.run(env, task.instruction, obs, info, goals=list(task.goals) if goals else None, task_id=task.id)
     executed = [e["subgoal"]["skill"] + "(" + ",".join(e["subgoal"]["args"]) + ")"
                 for e in trace.events[first:] if e["event"] == "subgoal"]
-    row = {"task": task.id, "env": task.env, "steps": task.steps, **res.to_json(), "executed": executed}
+    outcomes: dict[str, list[int]] = {}  # skill -> [succeeded, run]
+    for e in trace.events[first:]:
+        if e["event"] == "subgoal":
+            tally = outcomes.setdefault(e["subgoal"]["skill"], [0, 0])
+            tally[0] += bool(e["success"])
+            tally[1] += 1
+    row = {"task": task.id, "env": task.env, "steps": task.steps, **res.to_json(), "executed": executed,
+           "skill_outcomes": outcomes}
     if goals:
         row.pop("executed")
     return row
@@ -138,7 +155,22 @@ def summarise(rows: list[dict], adv: list[dict]) -> dict:
         "adversarial_refused": sum(bool(a["refused"]) for a in adv),
         "adversarial_total": len(adv),
         "wall_s_per_task": float(np.mean([r["wall_s"] for r in rows])) if n else 0.0,
+        "per_skill": per_skill(rows),
+        # where failed tasks failed: a skill that did not finish, or the plan (refused, invalid, wrong goal)
+        "failed_tasks": {"skill": sum(1 for r in rows if not r["success"] and r["failures"]["skill_failure"]),
+                         "planning": sum(1 for r in rows if not r["success"] and not r["failures"]["skill_failure"])},
     }
+
+
+def per_skill(rows: list[dict]) -> dict[str, dict]:
+    """Sub-goals run and finished per skill, over all tasks (retries after a replan included)."""
+    total: dict[str, list[int]] = {}
+    for r in rows:
+        for skill, (ok, run) in r.get("skill_outcomes", {}).items():
+            tally = total.setdefault(skill, [0, 0])
+            tally[0] += ok
+            tally[1] += run
+    return {k: {"succeeded": ok, "run": run, "rate": ok / run} for k, (ok, run) in sorted(total.items())}
 
 
 def table(results: list[dict]) -> str:
@@ -155,4 +187,21 @@ def table(results: list[dict]) -> str:
             f"{s['llm_latency_s_per_task']:.2f} | {f['ungrounded_output']} | {f['invalid_precondition']} | "
             f"{f['skill_failure']} | {f['backend_error']} | {s['refused_tasks']} | {s['ungrounded_reached_skill']} | "
             f"{s['adversarial_refused']}/{s['adversarial_total']} |")
+    return "\n".join(lines)
+
+
+def skill_table(results: list[dict]) -> str:
+    """Per-skill success (finished / run) and where failed tasks failed, one row per result."""
+    skills = sorted({k for res in results for k in res["summary"].get("per_skill", {})})
+    head = "| planner | " + " | ".join(skills) + " | failed in a skill | failed in planning |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for res in results:
+        s = res["summary"]
+        cells = []
+        for k in skills:
+            v = s.get("per_skill", {}).get(k)
+            cells.append(f"{v['succeeded']}/{v['run']} ({100 * v['rate']:.0f}%)" if v else "-")
+        failed = s.get("failed_tasks", {})
+        lines.append(f"| {res['planner']} | " + " | ".join(cells) +
+                     f" | {failed.get('skill', '-')} | {failed.get('planning', '-')} |")
     return "\n".join(lines)

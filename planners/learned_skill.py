@@ -34,36 +34,78 @@ def goal_dim(skill_names: list[str]) -> int:
 
 
 class LearnedPolicy:
-    """Runs a `policies` checkpoint on one sub-goal; done when the skill's success detector fires."""
+    """Runs a `policies` checkpoint on one sub-goal; done when the skill's success detector fires.
 
-    def __init__(self, policy, subgoal: SubGoal, skill_names: list[str], language: bool, detector):
+    The policy reads `observation.state[:obs_dim]` (the observation without a goal-conditioned env's
+    goal half, when `obs_dim` is given) followed by the goal vector, and runs `execute_horizon` rows
+    of each predicted chunk before predicting again.
+    """
+
+    def __init__(self, policy, subgoal: SubGoal, skill_names: list[str], language: bool, detector,
+                 obs_dim: int | None = None):
         self.policy, self.subgoal, self.language, self.detector = policy, subgoal, language, detector
         self.goal = None if language else goal_vector(subgoal, skill_names)
+        self.obs_dim = obs_dim
+        self.execute = int(getattr(policy, "execute_horizon", 0)) or None
         self.done = False
         self._chunk: list[np.ndarray] = []
 
     def reset(self, obs, info) -> None:
         self.done, self._chunk = False, []
+        if hasattr(self.policy, "reset"):
+            self.policy.reset()  # observation history of chunk policies
 
     def act(self, obs, info) -> np.ndarray:
         if not self._chunk:
             if self.language:
                 inp = dict(obs, task=self.subgoal.text)
             else:
-                inp = np.concatenate([np.asarray(obs[STATE_KEY], np.float32), self.goal])
-            self._chunk = list(np.asarray(self.policy.act(inp, deterministic=True), np.float32))  # [H, A]
-        action = self._chunk.pop(0)
+                state = np.asarray(obs[STATE_KEY], np.float32)[: self.obs_dim]
+                inp = np.concatenate([state, self.goal])
+            self._chunk = list(np.asarray(self.policy.act(inp, deterministic=True), np.float32))[: self.execute]  # [H, A]
+        action = np.clip(self._chunk.pop(0), -1.0, 1.0)
         self.done = bool(self.detector())
         return action
 
 
-def learned_skill(base: Skill, policy, skill_names: list[str], world_fn, language: bool = False,
-                  max_steps: int | None = None) -> Skill:
-    """A copy of `base` (same name, arguments, symbolic model) whose policy is the checkpoint."""
+def learned_skill(base: Skill, policy, skill_names: list[str], world_fn=None, language: bool = False,
+                  max_steps: int | None = None, obs_dim: int | None = None, detector_fn=None) -> Skill:
+    """A copy of `base` (same name, arguments, symbolic model) whose policy is the checkpoint.
+
+    `detector_fn(env, subgoal) -> () -> bool` says when the skill is finished; by default, when the
+    skill's success atoms hold in `world_fn(env)`.
+    """
 
     def factory(env, subgoal, seed=0):
-        return LearnedPolicy(policy, subgoal, skill_names, language,
-                             detector=lambda: base.succeeded(world_fn(env), subgoal))
+        detector = (detector_fn(env, subgoal) if detector_fn is not None
+                    else (lambda: base.succeeded(world_fn(env), subgoal)))
+        return LearnedPolicy(policy, subgoal, skill_names, language, detector, obs_dim)
 
     return Skill(base.name, base.description, base.args, base.template, base.preconditions, base.effects,
                  factory, max_steps or base.max_steps, base.affordance_fn, {**base.extra, "learned": True})
+
+
+def load_learned_skills(env, directory, device: str = "cpu"):
+    """The sim's skill library with each skill's policy replaced by the suite's checkpoint
+    (`<directory>/<suite>`, written by `python -m planners.train_skills`)."""
+    import json
+    from pathlib import Path
+
+    import policies
+    from planners.sim import oracle_detector, oracle_skills, suite_name
+
+    suite = suite_name(env)
+    path = Path(directory) / suite
+    if not (path / "skills.json").is_file():
+        raise UserError(f"no learned skills for {suite!r} under {directory}: run "
+                        f"`python -m planners.train_skills --envs {suite} --out {directory}`")
+    meta = json.loads((path / "skills.json").read_text())
+    policy = policies.load(path, device=device)
+    oracles = oracle_skills(env)
+    if meta["skill_names"] != oracles.names():
+        raise UserError(f"{path}/skills.json encodes skills {meta['skill_names']}, the library has "
+                        f"{oracles.names()}; retrain with `python -m planners.train_skills`")
+    from planners.skills import SkillLibrary
+
+    return SkillLibrary(learned_skill(s, policy, meta["skill_names"], obs_dim=meta["obs_dim"],
+                                      detector_fn=oracle_detector(s.policy)) for s in oracles)

@@ -29,6 +29,10 @@ def suite_kind(env) -> str:
     return env.get_wrapper_attr("suite").kind
 
 
+def suite_name(env) -> str:
+    return env.get_wrapper_attr("suite").name
+
+
 def world_from_scene(scene: Scene, kind: str) -> World:
     objects, places = [], []
     for o in scene.objects:
@@ -303,6 +307,17 @@ class PressPolicy(_OraclePolicy):
     def finished(self, info):
         toggled = int(info[f"privileged/button_{self.i}_state"]) != self.start_state
         return bool(toggled and info["proprio/effector_pos"][2] > CLEAR_Z_M)
+
+
+def oracle_detector(factory):
+    """detector_fn for a learned skill: the oracle's own finished test (the same target, the same
+    clearance height), read from the sim's privileged info; the oracle's actions are never used."""
+
+    def detector_fn(env, subgoal):
+        oracle = factory(env, subgoal)
+        return lambda: oracle.finished(oracle.target_info(oracle.info()))
+
+    return detector_fn
 
 
 def oracle_skills(env) -> SkillLibrary:

@@ -29,3 +29,44 @@ def test_a_saved_goal_conditioned_checkpoint_registers_and_runs_as_a_skill(tmp_p
     assert steps == 15  # an untrained policy does not grasp: the real detector keeps it running to its budget
     assert not lib.get("pick").succeeded(world_from_env(env), goal)
     assert not np.allclose(info["proprio/effector_pos"], before)  # but its actions did move the arm
+
+
+def test_train_skills_collects_oracle_demos_trains_saves_and_the_suite_runs_with_learned_skills(tmp_path):
+    """A tiny learned-skill run: oracle demos -> flow BC -> checkpoint -> the planner suite with skills=learned."""
+    import json
+
+    from embodied.data.d4rl import load_hdf5
+    from planners.evaluate import run_suite
+    from planners.tasks import TASKS
+    from planners.train_skills import SkillTrainConfig, run
+
+    cfg = SkillTrainConfig(envs=("cube-single",), episodes=2, subgoals_per_episode=2, steps=30, batch_size=32,
+                           hidden=(32, 32), threads=1)
+    summary = run(cfg, tmp_path, log=lambda m: None)
+    meta = json.loads((tmp_path / "cube-single" / "skills.json").read_text())
+    demos = load_hdf5(tmp_path / "cube-single" / "demos.hdf5")
+    names = meta["skill_names"]
+    assert summary["cube-single"]["transitions"] == len(demos) == meta["transitions"] > 0
+    # observation without OGBench's goal half, then the sub-goal's goal vector
+    assert demos.obs_dim == meta["obs_dim"] + goal_dim(names) and meta["obs_dim"] == 28
+    onehot = demos.observations[:, meta["obs_dim"]:meta["obs_dim"] + len(names)]
+    assert np.all(onehot.sum(1) == 1) and set(np.flatnonzero(onehot.sum(0))) == {names.index("pick"), names.index("place_at")}
+    assert meta["oracle_finished_attempted"]["pick"][1] == 2  # two start states, pick then place each
+    assert policies.load(tmp_path / "cube-single").obs_dim == demos.obs_dim
+
+    task = next(t for t in TASKS if t.id == "cs1-left")
+    res = run_suite("rule", (task,), (), seed=0, skills="learned", skills_dir=tmp_path, log=lambda m: None)
+    row = res["tasks"][0]
+    assert res["skills"] == "learned" and not row["success"]  # 30 gradient steps do not grasp
+    assert row["skill_outcomes"]["pick"][1] == row["replans"] + 1 and row["skill_outcomes"]["pick"][0] == 0
+    assert res["summary"]["per_skill"]["pick"]["run"] == row["replans"] + 1
+    assert res["summary"]["failed_tasks"] == {"skill": 1, "planning": 0}
+
+
+def test_learned_skills_name_the_training_command_when_a_suite_has_no_checkpoint(tmp_path):
+    from embodied.errors import UserError
+    from planners.learned_skill import load_learned_skills
+
+    env = sims.make("scene-goal")
+    with pytest.raises(UserError, match=r"no learned skills for 'scene' .*`python -m planners.train_skills --envs scene"):
+        load_learned_skills(env, tmp_path)

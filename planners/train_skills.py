@@ -1,0 +1,206 @@
+"""Learn the planner's skills from its oracles: goal-conditioned flow BC, one checkpoint per suite.
+
+    python -m planners.train_skills --envs cube-single,cube-double,scene --out runs/skills
+    python benchmarks/planner_eval.py --planners rule --skills learned --skills-dir runs/skills
+
+Data: from each suite's OGBench evaluation start states (a random task id per episode, seeds from
+`data_seed` on, far from the seeds the planner suite evaluates on), a random sequence of sub-goals
+whose preconditions hold (pick, place_on / place_in / place_at, open, close, press) is run by the
+scripted oracles of `planners.sim`. Every step of a sub-goal the oracle finished is kept, as
+(observation, goal vector) -> action; failed sub-goals are dropped (filtered BC). The demos are saved
+in D4RL's HDF5 layout (`demos.hdf5`, one episode per sub-goal).
+
+Policy: the toolkit's flow-matching chunk policy (`policies/flow.py`, MLP velocity network, Euler
+sampler) trained by `embodied.agents.bc_generative.GenerativeBC`, on the observation without
+OGBench's goal half, concatenated with `planners.learned_skill.goal_vector`. The checkpoint is a plain
+`policies` directory plus `skills.json` (skill names, observation slice, data and training figures).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from embodied.constants import STATE_KEY
+from embodied.errors import UserError, exit_on_user_error
+
+SUITES = ("cube-single", "cube-double", "scene")
+
+
+@dataclass
+class SkillTrainConfig:
+    envs: tuple[str, ...] = SUITES
+    episodes: int = 200             # start states per suite; each runs up to `subgoals_per_episode`
+    subgoals_per_episode: int = 6
+    data_seed: int = 100_000        # the planner suite resets with seeds 0..~1100
+    steps: int = 20_000             # gradient steps per suite
+    batch_size: int = 256
+    pred_horizon: int = 4           # chunk of 4 actions, 2 executed before re-planning the chunk
+    execute_horizon: int = 2
+    hidden: tuple[int, ...] = (256, 256, 256)
+    lr: float = 1e-4                # GenerativeBCConfig's default (Diffusion Policy's)
+    seed: int = 0
+    threads: int = 2
+
+
+# -------------------------------------------------------------------------------------------- data
+def valid_subgoals(library, world, state) -> list[tuple[str, tuple[str, ...]]]:
+    """Every (skill, args) whose arguments type-check and whose preconditions hold in `state`."""
+    out = []
+    for skill in library:
+        pools = [[o.id for o in world.objects if o.kind in arg.kinds] for arg in skill.args]
+        combos = [()]
+        for pool in pools:
+            combos = [c + (v,) for c in combos for v in pool]
+        out += [(skill.name, args) for args in combos if skill.check(state, args) is None]
+    return out
+
+
+def collect(env_name: str, episodes: int, subgoals_per_episode: int, seed: int, log=print):
+    """Oracle demos for one suite: (list of Episode, per-skill [finished, attempted], obs_dim)."""
+    import sims
+    from embodied.data.dataset import Episode
+    from planners import symbolic as sym
+    from planners.learned_skill import goal_vector
+    from planners.sim import oracle_skills, world_from_env
+
+    env = sims.make(f"{env_name}-goal", max_episode_steps=10**6)
+    obs_dim = env.get_wrapper_attr("suite").obs_dim
+    rng = np.random.default_rng(seed)
+    demos, counts = [], {}
+    try:
+        for ep in range(episodes):
+            obs, info = env.reset(seed=seed + ep, options={"task_id": int(rng.integers(1, 6))})
+            library = oracle_skills(env)
+            names = library.names()
+            for k in range(subgoals_per_episode):
+                world = world_from_env(env)
+                options = valid_subgoals(library, world, sym.atoms(world))
+                if not options:
+                    break
+                # uniform over skills first, so pick/place do not crowd out the one press or slide
+                skills = sorted({s for s, _ in options})
+                skill = skills[rng.integers(len(skills))]
+                args = [a for s, a in options if s == skill]
+                args = args[rng.integers(len(args))]
+                subgoal = library.make_subgoal(world, skill, args)
+                goal = goal_vector(subgoal, names)
+                spec = library.get(skill)
+                policy = spec.policy(env, subgoal, seed=seed + 1000 * ep + k)
+                policy.reset(obs, info)
+                states, actions = [np.asarray(obs[STATE_KEY][:obs_dim], np.float32)], []
+                for _ in range(spec.max_steps):
+                    action = policy.act(obs, info)
+                    obs, _, _, _, info = env.step(action)
+                    states.append(np.asarray(obs[STATE_KEY][:obs_dim], np.float32))
+                    actions.append(action)
+                    if policy.done:
+                        break
+                finished = bool(policy.done) and spec.succeeded(world_from_env(env), subgoal)
+                tally = counts.setdefault(skill, [0, 0])
+                tally[0] += finished
+                tally[1] += 1
+                if not finished:
+                    break  # the world may be in a state no plan expects: start a fresh episode
+                inputs = np.concatenate([np.stack(states), np.repeat(goal[None], len(states), 0)], 1)
+                demos.append(Episode(inputs, np.stack(actions), np.zeros(len(actions), np.float32), truncated=True))
+            if (ep + 1) % 25 == 0 or ep + 1 == episodes:
+                log(f"[{env_name}] {ep + 1}/{episodes} start states, {len(demos)} sub-goal demos, "
+                    f"{sum(len(d) for d in demos)} steps; oracle finished/attempted {counts}")
+    finally:
+        env.close()
+    return demos, counts, obs_dim
+
+
+# ------------------------------------------------------------------------------------------- train
+def train(dataset, cfg: SkillTrainConfig, log=print):
+    """GenerativeBC(flow) on the demo chunks; returns the agent and its last metrics."""
+    from embodied.agents.bc_generative import GenerativeBC, GenerativeBCConfig
+    from embodied.data.replay import ReplayBuffer
+
+    replay = ReplayBuffer(dataset.obs_dim, dataset.act_dim, len(dataset), seed=cfg.seed)
+    replay.add_dataset(dataset)
+    bc_cfg = GenerativeBCConfig(policy="flow", obs_horizon=1, pred_horizon=cfg.pred_horizon,
+                                execute_horizon=cfg.execute_horizon, denoiser="mlp",
+                                denoiser_kwargs={"hidden": tuple(cfg.hidden)}, lr=cfg.lr,
+                                policy_kwargs={"onestep_head": False}, distill_weight=0.0)  # Euler sampling only
+    agent = GenerativeBC(dataset.obs_dim, dataset.act_dim, bc_cfg, seed=cfg.seed)
+    agent.fit_normalization(dataset.observations, dataset.actions)
+    metrics, t0 = {}, time.perf_counter()
+    for step in range(1, cfg.steps + 1):
+        metrics = agent.update(replay.sample_chunks(cfg.batch_size, cfg.pred_horizon))
+        if step % max(1, cfg.steps // 10) == 0 or step == cfg.steps:
+            log(f"  step {step}/{cfg.steps}: bc_loss {metrics['bc_loss']:.4f} "
+                f"({step / (time.perf_counter() - t0):.0f} steps/s)")
+    return agent, metrics
+
+
+def run(cfg: SkillTrainConfig, out: Path, log=print) -> dict:
+    import torch
+
+    from embodied.data.d4rl import save_hdf5
+    from embodied.data.dataset import Dataset
+    from embodied.logging import write_json_atomic
+
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    summary = {}
+    for env_name in cfg.envs:
+        if env_name not in SUITES:
+            raise UserError(f"--envs: unknown suite {env_name!r}; choose from {', '.join(SUITES)}")
+        t0 = time.perf_counter()
+        demos, counts, obs_dim = collect(env_name, cfg.episodes, cfg.subgoals_per_episode, cfg.data_seed, log)
+        if not demos:
+            raise UserError(f"[{env_name}] the oracles finished no sub-goal; raise --episodes")
+        dataset = Dataset.from_episodes(demos, {"env": f"{env_name}-goal", "source": "planners.train_skills"})
+        collect_s = time.perf_counter() - t0
+        target = out / env_name
+        target.mkdir(parents=True, exist_ok=True)
+        save_hdf5(dataset, target / "demos.hdf5")
+        t0 = time.perf_counter()
+        agent, metrics = train(dataset, cfg, log)
+        train_s = time.perf_counter() - t0
+        agent.actor.save(target)
+        from planners.skills import manipulation_skills
+
+        meta = {"env": env_name, "obs_dim": int(obs_dim), "skill_names": manipulation_skills().names(),
+                "transitions": len(dataset), "subgoal_demos": len(demos), "oracle_finished_attempted": counts,
+                "collect_s": round(collect_s, 1), "train_s": round(train_s, 1), "final_metrics": metrics,
+                "config": dataclasses.asdict(cfg)}
+        write_json_atomic(target / "skills.json", meta)
+        summary[env_name] = {k: meta[k] for k in ("transitions", "subgoal_demos", "collect_s", "train_s")}
+        log(f"[{env_name}] saved {target}: {len(dataset)} steps from {len(demos)} sub-goals; "
+            f"collect {collect_s:.0f} s, train {train_s:.0f} s")
+    return summary
+
+
+@exit_on_user_error
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    defaults = SkillTrainConfig()
+    ap.add_argument("--envs", default=",".join(defaults.envs))
+    ap.add_argument("--out", default="runs/skills")
+    for field in ("episodes", "subgoals_per_episode", "data_seed", "steps", "batch_size", "pred_horizon",
+                  "execute_horizon", "seed", "threads"):
+        ap.add_argument(f"--{field.replace('_', '-')}", type=int, default=getattr(defaults, field))
+    ap.add_argument("--hidden", default=",".join(map(str, defaults.hidden)))
+    ap.add_argument("--lr", type=float, default=defaults.lr)
+    args = ap.parse_args(argv)
+    values = {k: v for k, v in vars(args).items() if k not in ("out",)}
+    values["envs"] = tuple(e.strip() for e in args.envs.split(",") if e.strip())
+    values["hidden"] = tuple(int(h) for h in args.hidden.split(","))
+    cfg = SkillTrainConfig(**values)
+    for name in ("episodes", "subgoals_per_episode", "steps", "batch_size", "pred_horizon", "execute_horizon"):
+        if getattr(cfg, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')}={getattr(cfg, name)} must be >= 1")
+    out = Path(args.out)
+    print(json.dumps(run(cfg, out), indent=2))
+
+
+if __name__ == "__main__":
+    main()
