@@ -35,14 +35,14 @@ SUITES = ("cube-single", "cube-double", "scene")
 @dataclass
 class SkillTrainConfig:
     envs: tuple[str, ...] = SUITES
-    episodes: int = 200             # start states per suite; each runs up to `subgoals_per_episode`
+    episodes: int = 500             # start states per suite; each runs up to `subgoals_per_episode`
     subgoals_per_episode: int = 6
     data_seed: int = 100_000        # the planner suite resets with seeds 0..~1100
-    steps: int = 20_000             # gradient steps per suite
+    steps: int = 30_000             # gradient steps per suite
     batch_size: int = 256
     pred_horizon: int = 4           # chunk of 4 actions, 2 executed before re-planning the chunk
     execute_horizon: int = 2
-    hidden: tuple[int, ...] = (256, 256, 256)
+    hidden: tuple[int, ...] = (512, 512, 512)  # the toolkit's MLP denoiser default
     lr: float = 1e-4                # GenerativeBCConfig's default (Diffusion Policy's)
     seed: int = 0
     threads: int = 2
@@ -83,9 +83,11 @@ def collect(env_name: str, episodes: int, subgoals_per_episode: int, seed: int, 
                 options = valid_subgoals(library, world, sym.atoms(world))
                 if not options:
                     break
-                # uniform over skills first, so pick/place do not crowd out the one press or slide
+                # skills weighted by 1 / (1 + demos so far), so the rare ones (place_in needs an open
+                # drawer and a held cube) are taken whenever they come up
                 skills = sorted({s for s, _ in options})
-                skill = skills[rng.integers(len(skills))]
+                weights = np.array([1.0 / (1 + counts.get(s, [0, 0])[0]) for s in skills])
+                skill = skills[rng.choice(len(skills), p=weights / weights.sum())]
                 args = [a for s, a in options if s == skill]
                 args = args[rng.integers(len(args))]
                 subgoal = library.make_subgoal(world, skill, args)
