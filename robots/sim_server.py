@@ -96,6 +96,28 @@ class SimArmServer:
                       "last_cmd_seq": -1}
         self.lo, self.hi = np.asarray(config.joint_pos_min_rad), np.asarray(config.joint_pos_max_rad)
         self.vmax = np.asarray(config.joint_vel_max_rad_s)
+        # the servo set-point is the reference plus its velocity lead (`servo_lead_s * target_vel`): the
+        # model's ctrlrange (the joint range) clipped that lead within `servo_lead_s * v` of a joint limit
+        # (0.2 rad at 1 rad/s), so there the servos lagged the reference by that much, and the arm reached
+        # the stop the reference made at the limit late and on its own PD dynamics (issue 14). The
+        # reference itself stays inside the joint limits; only the set-point may lead past them.
+        lead = self.servo_lead_s * self.vmax + 1e-3
+        rng = self.model.actuator_ctrlrange[:6]
+        rng[:, 0] = np.minimum(rng[:, 0], self.lo - lead)
+        rng[:, 1] = np.maximum(rng[:, 1], self.hi + lead)
+        # the model's joint range is the arm's mechanical stop; the configured limits (the safety chain's
+        # and the reference's) are software limits, and on a real arm those lie inside the hard stops.
+        # Here they were the same numbers, so a reference braking to rest at the limit drove the arm, a
+        # few mrad off its reference, into the stop's constraint: 1.17-1.25x the acceleration limit
+        # measured on wrist 2 at -2 pi (issue 14). The stops are put `hard_stop_margin_rad` beyond.
+        margin = float(sim.get("hard_stop_margin_rad", 0.05))
+        jr = self.model.jnt_range[:6]
+        jr[:, 0] = np.minimum(jr[:, 0], self.lo - margin)
+        jr[:, 1] = np.maximum(jr[:, 1], self.hi + margin)
+        # mj_rne leaves out the joints' armature (the rotor inertia, 0.1 kg m^2 here): the feed-forward
+        # adds it, or the wrist joints, whose links weigh little against it, got almost none and their
+        # servos lagged by 1-3 mrad whenever the reference accelerated
+        self._armature = self.model.dof_armature[:6].copy()
         self.amax = np.asarray(config.joint_acc_max_rad_s2)
         self.deadline_s = float(config.watchdog_deadline_ms) / 1e3
         self.last_cmd_s, self.last_cmd_sent_s, self.hold_reason = 0.0, None, "start"
@@ -108,6 +130,12 @@ class SimArmServer:
         gripper = {i for i in range(self.model.nbody) if self.model.body(i).name.startswith("ur5e/robotiq")}
         self._geom_in_gripper = np.array([self.model.geom_bodyid[g] in gripper for g in range(self.model.ngeom)])
         self._in_contact, self._contact_ticks = False, 0
+        # a contact that is already there when the arm is armed (it began during a hold, or outlasted an
+        # e-stop) is no new collision, but pushing on into it is: the servos' position error grows while
+        # the contact pins the arm, and when the contact lets go the arm springs to its reference (10x
+        # the acceleration limit and 1.5x the speed limit measured in the fuzz). A reference this far
+        # from the arm during a contact is a protective stop too, as a force limit would make one
+        self.contact_deviation_rad = float(sim.get("contact_deviation_rad", 0.005))
         self.stats["collision_stops"] = 0
         self.stats["cmds_superseded"] = 0  # dropped from a backlog over `max_pending` (bounds the delay)
         self.max_pending = int(sim.get("max_pending_cmds", 3))
@@ -190,6 +218,10 @@ class SimArmServer:
                 (float(np.max(np.abs(self.data.qvel[:6]))) < 0.02 and not self._contact_ticks)
                 or now - (self.t_hold_s or now) > self.settle_s):
             self.mode, self._recover_pending = "hold", False
+            # the stop itself is not the controller's motion (a category-0 stop is harder than the
+            # acceleration limit): the acceleration window starts again after it, instead of spanning
+            # the stop's last ticks (measured: 2.1x on the first tick after a release)
+            self._qd_window = []
 
     def _measure(self, now: float) -> None:
         """Peaks of the executed motion; a self-collision is a protective stop (as UR's collision
@@ -197,7 +229,8 @@ class SimArmServer:
         d = self.data
         self._release_stop(now)
         contact = self._arm_contact()
-        if contact and not self._in_contact and self.mode == "run":
+        if contact and self.mode == "run" and (not self._in_contact or float(
+                np.max(np.abs(self.target - d.qpos[:6]))) > self.contact_deviation_rad):
             self.stats["collision_stops"] += 1
             self._stop(now, "estop", "self-collision")
         self._in_contact = contact
@@ -335,6 +368,17 @@ class SimArmServer:
                 self.braking = True
             if self.mode == "hold" or (self.braking and self.ramp_ticks == 0):  # at the acceleration limit
                 self.target_vel = np.sign(self.target_vel) * np.maximum(np.abs(self.target_vel) - self.amax * dt, 0)
+            # the reference keeps its own joint limits: towards a limit it is never faster than it can
+            # brake from at the acceleration limit in whole ticks (v dt + (v - a dt) dt + ... <= room:
+            # v^2 / 2a + v dt / 2 <= room), so it comes to rest there. The
+            # chain plans the same stop, but its reference is aged by the time between commands while
+            # here each queued command runs one period back to back; when that made the reference
+            # lag the chain's deceleration, it reached the limit at up to 0.4 rad/s and was clipped
+            # there, an instant stop the arm then made on its servos (1.09x in the fuzz, issue 14)
+            room = np.where(self.target_vel > 0, self.hi - self.target, self.target - self.lo)
+            half = 0.5 * self.amax * dt
+            cap = np.sqrt(half * half + 2.0 * self.amax * np.maximum(room, 0.0)) - half
+            self.target_vel = np.clip(self.target_vel, -cap, cap)
             if np.any(self.target_vel):
                 self.target = np.clip(self.target + self.target_vel * dt, self.lo, self.hi)
             # PD tracking of the reference: the velocity feed-forward cancels the servos' damping lag, and
@@ -348,7 +392,7 @@ class SimArmServer:
             d.qacc[:6] = acc_ref
             self.mj.mj_rne(self.model, d, 1, self._rne)
             d.qacc[:] = qacc
-            d.qfrc_applied[:6] = self._rne[:6]
+            d.qfrc_applied[:6] = self._rne[:6] + self._armature * acc_ref
             self.mj.mj_step(self.model, d)
 
     def serve(self) -> None:

@@ -50,8 +50,11 @@ def test_connect_state_joint_move_and_stop(franky_sim):
         q0 = obs["joint_pos_rad"].astype(np.float64)
         robot.arm()
         goal = q0 + np.array([0.25, 0, 0, 0, 0, 0, 0])
-        drive(robot, lambda o: np.append(goal, 0.06), 2.0)   # a jump: the chain ramps it in
-        q = robot.observe()["joint_pos_rad"]
+        for _ in range(8):  # a jump: the chain ramps it in (2 s unloaded; more when the cores are shared)
+            drive(robot, lambda o: np.append(goal, 0.06), 1.0)
+            q = robot.observe()["joint_pos_rad"]
+            if q[0] - q0[0] > 0.15:
+                break
         assert q[0] - q0[0] > 0.15
         assert robot.chain.counts[("relative_target", "clip")] + robot.chain.counts[("velocity", "clip")] + \
             robot.chain.counts[("acceleration", "clip")] > 0
