@@ -120,7 +120,7 @@ def _machine(threads: int) -> dict:
     except OSError:
         bf16 = None
     return {"threads": threads, "cpus": os.cpu_count(), "avx512_bf16": bf16,
-            "precision": "fp32 (SmolLM2 dequantised from Q4_1 GGUF; MiniLM fp32)", "uptime": uptime() or "unknown"}
+            "precision": "fp32 (SmolLM2 dequantised from Q4_1 GGUF; MiniLM and learned skill policies fp32)", "uptime": uptime() or "unknown"}
 
 
 def _write_table(out: Path) -> None:

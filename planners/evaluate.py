@@ -192,7 +192,8 @@ def table(results: list[dict]) -> str:
 
 def skill_table(results: list[dict]) -> str:
     """Per-skill success (finished / run) and where failed tasks failed, one row per result."""
-    skills = sorted({k for res in results for k in res["summary"].get("per_skill", {})})
+    results = [res for res in results if res["summary"].get("per_skill")]  # results from before the column
+    skills = sorted({k for res in results for k in res["summary"]["per_skill"]})
     head = "| planner | " + " | ".join(skills) + " | failed in a skill | failed in planning |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for res in results:

@@ -37,6 +37,7 @@ class SkillTrainConfig:
     envs: tuple[str, ...] = SUITES
     episodes: int = 500             # start states per suite; each runs up to `subgoals_per_episode`
     subgoals_per_episode: int = 6
+    action_noise: float = 0.0       # DART-style when > 0: the arm runs oracle + N(0, sigma), the demo keeps the oracle's action (0.2 did worse)
     data_seed: int = 100_000        # the planner suite resets with seeds 0..~1100
     steps: int = 30_000             # gradient steps per suite
     batch_size: int = 256
@@ -61,8 +62,15 @@ def valid_subgoals(library, world, state) -> list[tuple[str, tuple[str, ...]]]:
     return out
 
 
-def collect(env_name: str, episodes: int, subgoals_per_episode: int, seed: int, log=print):
-    """Oracle demos for one suite: (list of Episode, per-skill [finished, attempted], obs_dim)."""
+def collect(env_name: str, episodes: int, subgoals_per_episode: int, seed: int, action_noise: float = 0.0,
+            log=print):
+    """Oracle demos for one suite: (list of Episode, per-skill [finished, attempted], obs_dim).
+
+    With `action_noise` the executed action is perturbed and the recorded label is the oracle's own
+    action from the perturbed state, so the demos show how to recover from the small errors a cloned
+    policy makes. Tried against the learned slides spinning the wrist above the handle: at 0.2 they still
+    did, and pick got worse (benchmarks/RESULTS.md), so the default is off.
+    """
     import sims
     from embodied.data.dataset import Episode
     from planners import symbolic as sym
@@ -98,7 +106,8 @@ def collect(env_name: str, episodes: int, subgoals_per_episode: int, seed: int, 
                 states, actions = [np.asarray(obs[STATE_KEY][:obs_dim], np.float32)], []
                 for _ in range(spec.max_steps):
                     action = policy.act(obs, info)
-                    obs, _, _, _, info = env.step(action)
+                    executed = np.clip(action + action_noise * rng.standard_normal(action.shape), -1.0, 1.0)
+                    obs, _, _, _, info = env.step(executed.astype(np.float32))
                     states.append(np.asarray(obs[STATE_KEY][:obs_dim], np.float32))
                     actions.append(action)
                     if policy.done:
@@ -156,7 +165,8 @@ def run(cfg: SkillTrainConfig, out: Path, log=print) -> dict:
         if env_name not in SUITES:
             raise UserError(f"--envs: unknown suite {env_name!r}; choose from {', '.join(SUITES)}")
         t0 = time.perf_counter()
-        demos, counts, obs_dim = collect(env_name, cfg.episodes, cfg.subgoals_per_episode, cfg.data_seed, log)
+        demos, counts, obs_dim = collect(env_name, cfg.episodes, cfg.subgoals_per_episode, cfg.data_seed,
+                                         cfg.action_noise, log)
         if not demos:
             raise UserError(f"[{env_name}] the oracles finished no sub-goal; raise --episodes")
         dataset = Dataset.from_episodes(demos, {"env": f"{env_name}-goal", "source": "planners.train_skills"})
@@ -192,11 +202,14 @@ def main(argv=None) -> None:
         ap.add_argument(f"--{field.replace('_', '-')}", type=int, default=getattr(defaults, field))
     ap.add_argument("--hidden", default=",".join(map(str, defaults.hidden)))
     ap.add_argument("--lr", type=float, default=defaults.lr)
+    ap.add_argument("--action-noise", type=float, default=defaults.action_noise)
     args = ap.parse_args(argv)
     values = {k: v for k, v in vars(args).items() if k not in ("out",)}
     values["envs"] = tuple(e.strip() for e in args.envs.split(",") if e.strip())
     values["hidden"] = tuple(int(h) for h in args.hidden.split(","))
     cfg = SkillTrainConfig(**values)
+    if cfg.action_noise < 0:
+        raise UserError(f"--action-noise={cfg.action_noise} must be >= 0")
     for name in ("episodes", "subgoals_per_episode", "steps", "batch_size", "pred_horizon", "execute_horizon"):
         if getattr(cfg, name) < 1:
             raise UserError(f"--{name.replace('_', '-')}={getattr(cfg, name)} must be >= 1")
