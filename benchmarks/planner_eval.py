@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from embodied.errors import UserError, exit_on_user_error  # noqa: E402
 from embodied.logging import write_json_atomic  # noqa: E402
-from machine import uptime  # noqa: E402
+from machine import cpu_info, uptime  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "planner_eval"
 
@@ -115,11 +114,8 @@ def main(argv=None) -> None:
 
 
 def _machine(threads: int) -> dict:
-    try:
-        bf16 = "avx512_bf16" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        bf16 = None
-    return {"threads": threads, "cpus": os.cpu_count(), "avx512_bf16": bf16,
+    cpu = cpu_info()
+    return {"threads": threads, "cpus": cpu["cores"], "avx512_bf16": cpu["avx512_bf16"],
             "precision": "fp32 (SmolLM2 dequantised from Q4_1 GGUF; MiniLM and learned skill policies fp32)", "uptime": uptime() or "unknown"}
 
 

@@ -125,9 +125,7 @@ def _run_task(spec, task: Task, pool: EnvPool, trace: Trace, seed: int, max_repl
     outcomes: dict[str, list[int]] = {}  # skill -> [succeeded, run]
     for e in trace.events[first:]:
         if e["event"] == "subgoal":
-            tally = outcomes.setdefault(e["subgoal"]["skill"], [0, 0])
-            tally[0] += bool(e["success"])
-            tally[1] += 1
+            _tally(outcomes, e["subgoal"]["skill"], bool(e["success"]), 1)
     row = {"task": task.id, "env": task.env, "steps": task.steps, **res.to_json(), "executed": executed,
            "skill_outcomes": outcomes}
     if goals:
@@ -162,14 +160,18 @@ def summarise(rows: list[dict], adv: list[dict]) -> dict:
     }
 
 
+def _tally(counts: dict[str, list[int]], skill: str, succeeded: int, run: int) -> None:
+    pair = counts.setdefault(skill, [0, 0])
+    pair[0] += succeeded
+    pair[1] += run
+
+
 def per_skill(rows: list[dict]) -> dict[str, dict]:
     """Sub-goals run and finished per skill, over all tasks (retries after a replan included)."""
     total: dict[str, list[int]] = {}
     for r in rows:
         for skill, (ok, run) in r.get("skill_outcomes", {}).items():
-            tally = total.setdefault(skill, [0, 0])
-            tally[0] += ok
-            tally[1] += run
+            _tally(total, skill, ok, run)
     return {k: {"succeeded": ok, "run": run, "rate": ok / run} for k, (ok, run) in sorted(total.items())}
 
 
@@ -200,9 +202,8 @@ def skill_table(results: list[dict]) -> str:
         s = res["summary"]
         cells = []
         for k in skills:
-            v = s.get("per_skill", {}).get(k)
+            v = s["per_skill"].get(k)
             cells.append(f"{v['succeeded']}/{v['run']} ({100 * v['rate']:.0f}%)" if v else "-")
-        failed = s.get("failed_tasks", {})
-        lines.append(f"| {res['planner']} | " + " | ".join(cells) +
-                     f" | {failed.get('skill', '-')} | {failed.get('planning', '-')} |")
+        failed = s["failed_tasks"]
+        lines.append(f"| {res['planner']} | " + " | ".join(cells) + f" | {failed['skill']} | {failed['planning']} |")
     return "\n".join(lines)

@@ -50,18 +50,6 @@ class SkillTrainConfig:
 
 
 # -------------------------------------------------------------------------------------------- data
-def valid_subgoals(library, world, state) -> list[tuple[str, tuple[str, ...]]]:
-    """Every (skill, args) whose arguments type-check and whose preconditions hold in `state`."""
-    out = []
-    for skill in library:
-        pools = [[o.id for o in world.objects if o.kind in arg.kinds] for arg in skill.args]
-        combos = [()]
-        for pool in pools:
-            combos = [c + (v,) for c in combos for v in pool]
-        out += [(skill.name, args) for args in combos if skill.check(state, args) is None]
-    return out
-
-
 def collect(env_name: str, episodes: int, subgoals_per_episode: int, seed: int, action_noise: float = 0.0,
             log=print):
     """Oracle demos for one suite: (list of Episode, per-skill [finished, attempted], obs_dim).
@@ -74,6 +62,7 @@ def collect(env_name: str, episodes: int, subgoals_per_episode: int, seed: int, 
     import sims
     from embodied.data.dataset import Episode
     from planners import symbolic as sym
+    from planners.grounding import candidates
     from planners.learned_skill import goal_vector
     from planners.sim import oracle_skills, world_from_env
 
@@ -88,17 +77,18 @@ def collect(env_name: str, episodes: int, subgoals_per_episode: int, seed: int, 
             names = library.names()
             for k in range(subgoals_per_episode):
                 world = world_from_env(env)
-                options = valid_subgoals(library, world, sym.atoms(world))
+                state = sym.atoms(world)
+                options = [c for c in candidates(world, library, state)
+                           if library.get(c.skill).check(state, c.args) is None]  # preconditions hold
                 if not options:
                     break
                 # skills weighted by 1 / (1 + demos so far), so the rare ones (place_in needs an open
                 # drawer and a held cube) are taken whenever they come up
-                skills = sorted({s for s, _ in options})
+                skills = sorted({c.skill for c in options})
                 weights = np.array([1.0 / (1 + counts.get(s, [0, 0])[0]) for s in skills])
                 skill = skills[rng.choice(len(skills), p=weights / weights.sum())]
-                args = [a for s, a in options if s == skill]
-                args = args[rng.integers(len(args))]
-                subgoal = library.make_subgoal(world, skill, args)
+                bindings = [c for c in options if c.skill == skill]
+                subgoal = bindings[rng.integers(len(bindings))]
                 goal = goal_vector(subgoal, names)
                 spec = library.get(skill)
                 policy = spec.policy(env, subgoal, seed=seed + 1000 * ep + k)
@@ -151,6 +141,20 @@ def train(dataset, cfg: SkillTrainConfig, log=print):
     return agent, metrics
 
 
+def check_config(cfg: SkillTrainConfig) -> None:
+    """Every value that would otherwise fail only after minutes of collecting demos."""
+    for env_name in cfg.envs:
+        if env_name not in SUITES:
+            raise UserError(f"--envs: unknown suite {env_name!r}; choose from {', '.join(SUITES)}")
+    if cfg.action_noise < 0:
+        raise UserError(f"--action-noise={cfg.action_noise} must be >= 0")
+    for name in ("episodes", "subgoals_per_episode", "steps", "batch_size", "pred_horizon", "execute_horizon"):
+        if getattr(cfg, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')}={getattr(cfg, name)} must be >= 1")
+    if cfg.execute_horizon > cfg.pred_horizon:
+        raise UserError(f"--execute-horizon={cfg.execute_horizon} must be <= --pred-horizon={cfg.pred_horizon}")
+
+
 def run(cfg: SkillTrainConfig, out: Path, log=print) -> dict:
     import torch
 
@@ -160,10 +164,9 @@ def run(cfg: SkillTrainConfig, out: Path, log=print) -> dict:
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
+    check_config(cfg)
     summary = {}
     for env_name in cfg.envs:
-        if env_name not in SUITES:
-            raise UserError(f"--envs: unknown suite {env_name!r}; choose from {', '.join(SUITES)}")
         t0 = time.perf_counter()
         demos, counts, obs_dim = collect(env_name, cfg.episodes, cfg.subgoals_per_episode, cfg.data_seed,
                                          cfg.action_noise, log)
@@ -206,13 +209,12 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     values = {k: v for k, v in vars(args).items() if k not in ("out",)}
     values["envs"] = tuple(e.strip() for e in args.envs.split(",") if e.strip())
-    values["hidden"] = tuple(int(h) for h in args.hidden.split(","))
+    try:
+        values["hidden"] = tuple(int(h) for h in args.hidden.split(","))
+    except ValueError:
+        raise UserError(f"--hidden={args.hidden!r}: give layer widths as integers, e.g. 512,512,512") from None
     cfg = SkillTrainConfig(**values)
-    if cfg.action_noise < 0:
-        raise UserError(f"--action-noise={cfg.action_noise} must be >= 0")
-    for name in ("episodes", "subgoals_per_episode", "steps", "batch_size", "pred_horizon", "execute_horizon"):
-        if getattr(cfg, name) < 1:
-            raise UserError(f"--{name.replace('_', '-')}={getattr(cfg, name)} must be >= 1")
+    check_config(cfg)
     out = Path(args.out)
     print(json.dumps(run(cfg, out), indent=2))
 
