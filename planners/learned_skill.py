@@ -37,15 +37,16 @@ class LearnedPolicy:
     """Runs a `policies` checkpoint on one sub-goal; done when the skill's success detector fires.
 
     The policy reads `observation.state[:obs_dim]` (the observation without a goal-conditioned env's
-    goal half, when `obs_dim` is given) followed by the goal vector, and runs `execute_horizon` rows
-    of each predicted chunk before predicting again.
+    goal half, when `obs_dim` is given) followed by the goal vector, of which it keeps `columns` (all,
+    when None), and runs `execute_horizon` rows of each predicted chunk before predicting again.
     """
 
     def __init__(self, policy, subgoal: SubGoal, skill_names: list[str], language: bool, detector,
-                 obs_dim: int | None = None):
+                 obs_dim: int | None = None, columns: list[int] | None = None):
         self.policy, self.subgoal, self.language, self.detector = policy, subgoal, language, detector
         self.goal = None if language else goal_vector(subgoal, skill_names)
         self.obs_dim = obs_dim
+        self.columns = None if columns is None else np.asarray(columns, np.int64)
         self.execute = int(getattr(policy, "execute_horizon", 0)) or None
         self.done = False
         self._chunk: list[np.ndarray] = []
@@ -62,6 +63,8 @@ class LearnedPolicy:
             else:
                 state = np.asarray(obs[STATE_KEY], np.float32)[: self.obs_dim]
                 inp = np.concatenate([state, self.goal])
+                if self.columns is not None:
+                    inp = inp[self.columns]
             self._chunk = list(np.asarray(self.policy.act(inp, deterministic=True), np.float32))[: self.execute]  # [H, A]
         action = np.clip(self._chunk.pop(0), -1.0, 1.0)
         self.done = bool(self.detector())
@@ -69,7 +72,8 @@ class LearnedPolicy:
 
 
 def learned_skill(base: Skill, policy, skill_names: list[str], world_fn=None, language: bool = False,
-                  max_steps: int | None = None, obs_dim: int | None = None, detector_fn=None) -> Skill:
+                  max_steps: int | None = None, obs_dim: int | None = None, detector_fn=None,
+                  columns: list[int] | None = None) -> Skill:
     """A copy of `base` (same name, arguments, symbolic model) whose policy is the checkpoint.
 
     `detector_fn(env, subgoal) -> () -> bool` says when the skill is finished; by default, when the
@@ -79,7 +83,7 @@ def learned_skill(base: Skill, policy, skill_names: list[str], world_fn=None, la
     def factory(env, subgoal, seed=0):
         detector = (detector_fn(env, subgoal) if detector_fn is not None
                     else (lambda: base.succeeded(world_fn(env), subgoal)))
-        return LearnedPolicy(policy, subgoal, skill_names, language, detector, obs_dim)
+        return LearnedPolicy(policy, subgoal, skill_names, language, detector, obs_dim, columns)
 
     return Skill(base.name, base.description, base.args, base.template, base.preconditions, base.effects,
                  factory, max_steps or base.max_steps, base.affordance_fn, {**base.extra, "learned": True})
@@ -107,5 +111,10 @@ def load_learned_skills(env, directory, device: str = "cpu"):
                         f"{oracles.names()}; retrain with `python -m planners.train_skills`")
     from planners.skills import SkillLibrary
 
+    columns = meta.get("obs_columns")  # absent in checkpoints from before stop 25: every column
+    width = len(columns) if columns is not None else meta["obs_dim"] + goal_dim(meta["skill_names"])
+    if getattr(policy, "obs_dim", width) != width:
+        raise UserError(f"{path}: the policy reads {policy.obs_dim} inputs, skills.json's obs_columns give {width}; "
+                        f"retrain with `python -m planners.train_skills`")
     return SkillLibrary(learned_skill(s, policy, meta["skill_names"], obs_dim=meta["obs_dim"],
-                                      detector_fn=oracle_detector(s.policy)) for s in oracles)
+                                      detector_fn=oracle_detector(s.policy), columns=columns) for s in oracles)

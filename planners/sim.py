@@ -81,17 +81,28 @@ class _OraclePolicy:
         self.oracle.reset(obs, self.target_info(self.info()))
         np.random.set_state(state)
 
+    clear_z_m = CLEAR_Z_M
+
     def act(self, obs, info) -> np.ndarray:
         pinfo = self.target_info(self.info())
-        action = np.asarray(self.oracle.select_action(obs, pinfo), dtype=np.float32)
+        if self.achieved(pinfo):
+            # straight up, gripper open: the oracles retreat to a pose drawn at reset, which no
+            # observation shows, so a policy cloned from them could only average it
+            action = np.array([0.0, 0.0, 1.0, 0.0, -1.0], np.float32)
+        else:
+            action = np.asarray(self.oracle.select_action(obs, pinfo), dtype=np.float32)
         self.done = self.finished(pinfo)
         return np.clip(action, -1.0, 1.0)
 
     def target_info(self, info: dict) -> dict:
         raise NotImplementedError
 
+    def achieved(self, info: dict) -> bool:
+        """The skill's effect holds (what is left is getting the gripper clear)."""
+        return False
+
     def finished(self, info: dict) -> bool:
-        raise NotImplementedError
+        return bool(self.achieved(info) and info["proprio/effector_pos"][2] > self.clear_z_m)
 
 
 def _wrap(angle: float) -> float:
@@ -114,26 +125,19 @@ class PickPolicy(_OraclePolicy):
         super().__init__(env, subgoal, seed)
         self.i = _cube_index(subgoal.args[0])
         self.lift_xy = None
-        self.aligner = None
 
     def act(self, obs, info) -> np.ndarray:
-        if self.aligner is None:
-            pinfo = self.info()
-            cube = pinfo[f"privileged/block_{self.i}_pos"]
-            handle = pinfo.get("privileged/drawer_handle_pos")
-            # A cube in the drawer or just in front of it: fingers spread along y land on the drawer's
-            # walls or front, so turn them to spread along x first (yaw = cube yaw + k pi/2 nearest pi/2).
-            near = (handle is not None and handle[1] - 0.3 < cube[1] < handle[1] + 0.07
-                    and abs(cube[0] - handle[0]) < 0.15)
-            if near:
-                base_yaw = pinfo[f"privileged/block_{self.i}_yaw"][0]
-                cands = [base_yaw + k * np.pi / 2 for k in range(-4, 5)]
-                yaw = min(cands, key=lambda y: abs(_wrap(y - np.pi / 2)))
-                self.aligner = _YawAligner(yaw, above=np.array([cube[0], cube[1], 0.2]))
-            else:
-                self.aligner = False
-        if self.aligner and not self.aligner.done:
-            action = self.aligner.step(self.info())
+        pinfo = self.info()
+        cube = pinfo[f"privileged/block_{self.i}_pos"]
+        handle = pinfo.get("privileged/drawer_handle_pos")
+        # A cube in the drawer or just in front of it: fingers spread along y land on the drawer's
+        # walls or front, so turn them to spread along x first (yaw = cube yaw + k pi/2 nearest pi/2).
+        near = (handle is not None and handle[1] - 0.3 < cube[1] < handle[1] + 0.07
+                and abs(cube[0] - handle[0]) < 0.15)
+        if near and pinfo["proprio/gripper_contact"][0] < 0.5:
+            base_yaw = pinfo[f"privileged/block_{self.i}_yaw"][0]
+            yaw = min((base_yaw + k * np.pi / 2 for k in range(-4, 5)), key=lambda y: abs(_wrap(y - np.pi / 2)))
+            action = align_above(pinfo, yaw, cube, np.array([cube[0], cube[1], 0.2]))
             if action is not None:
                 return action
         return super().act(obs, info)
@@ -153,35 +157,35 @@ class PickPolicy(_OraclePolicy):
         return bool(grasped and pos[2] >= LIFT_Z_M)
 
 
-class _YawAligner:
-    """Moves above a point and turns the gripper to a yaw (mod pi, the fingers are symmetric), turning
-    the other way when the wrist stalls at its joint limit."""
+WRIST_RANGE_RAD = 2 * np.pi  # |wrist_3| limit of OGBench's UR5e
+ALIGNED_RAD = 0.15           # yaw error below which the oracle takes over (it keeps turning at gain 3)
 
-    def __init__(self, yaw: float, above: np.ndarray, max_steps: int = 120):
-        self.yaw, self.above, self.max_steps = float(yaw), np.asarray(above, float), max_steps
-        self.seen: list[float] = []
-        self.steps = 0
-        self.done = False
 
-    def step(self, info: dict) -> np.ndarray | None:
-        self.steps += 1
-        eff, eff_yaw = info["proprio/effector_pos"], float(info["proprio/effector_yaw"][0])
-        self.seen.append(eff_yaw)
-        err = _wrap(self.yaw - eff_yaw)
-        if len(self.seen) > 10 and abs(_wrap(self.seen[-1] - self.seen[-11])) < 0.02 and abs(err) > 0.05:
-            self.yaw -= np.pi * np.sign(err)
-            self.seen = []
-            err = _wrap(self.yaw - eff_yaw)
-        diff = self.above - eff
-        if (abs(err) < 0.05 and np.linalg.norm(diff) < 0.03) or self.steps > self.max_steps:
-            self.done = True
-            return None
-        action = np.zeros(5, np.float32)
-        if np.linalg.norm(diff) >= 0.03:
-            action[:3] = np.clip(diff / (np.linalg.norm(diff) + 1e-6) * max(np.linalg.norm(diff), 0.4) * 5, -1, 1)
-        action[3] = np.clip(err * 3, -1, 1)
-        action[4] = -1
-        return action
+def wrist_safe_turn(eff_yaw: float, wrist_q: float, goal_yaw: float) -> float:
+    """Signed yaw turn to the nearest of goal_yaw + k pi (the fingers are symmetric) that keeps wrist_3
+    inside its range, else the other way round. The effector yaw turns against wrist_3 in this model
+    (d yaw = -d q). A function of the observed state only, so a cloned policy can learn it: an earlier
+    version remembered a target and flipped it when the wrist stalled, which no observation shows."""
+    turn = _wrap(2 * (goal_yaw - eff_yaw)) / 2  # in [-pi/2, pi/2)
+    if abs(wrist_q - turn) > WRIST_RANGE_RAD - 0.3:
+        turn -= np.pi * np.sign(turn)
+    return float(turn)
+
+
+def align_above(info: dict, goal_yaw: float, grasp_pos, above) -> np.ndarray | None:
+    """Before a grasp whose approach would hit something while still turning: rise to `above` and turn to
+    `goal_yaw` (mod pi) at full rate; None once aligned, or when the gripper is already at `grasp_pos`."""
+    eff = info["proprio/effector_pos"]
+    turn = wrist_safe_turn(float(info["proprio/effector_yaw"][0]), float(info["proprio/joint_pos"][5]), goal_yaw)
+    if abs(turn) <= ALIGNED_RAD or np.linalg.norm(np.asarray(grasp_pos) - eff) < 0.05:
+        return None
+    action = np.zeros(5, np.float32)
+    diff = np.asarray(above, float) - eff
+    if np.linalg.norm(diff) >= 0.03:
+        action[:3] = np.clip(diff / (np.linalg.norm(diff) + 1e-6) * max(np.linalg.norm(diff), 0.4) * 5, -1, 1)
+    action[3] = np.sign(turn)  # full rate: no slow creep near the hand-over that a clone would stall in
+    action[4] = -1
+    return action
 
 
 class PlacePolicy(_OraclePolicy):
@@ -212,11 +216,10 @@ class PlacePolicy(_OraclePolicy):
         info["privileged/target_block_yaw"] = info[f"privileged/block_{self.i}_yaw"]
         return info
 
-    def finished(self, info):
+    def achieved(self, info):
         pos = info[f"privileged/block_{self.i}_pos"]
         at = np.linalg.norm(pos - info["privileged/target_block_pos"]) <= 0.02
-        free = info["proprio/gripper_contact"][0] < 0.1
-        return bool(at and free and info["proprio/effector_pos"][2] > CLEAR_Z_M)
+        return bool(at and info["proprio/gripper_contact"][0] < 0.1)
 
 
 class SlidePolicy(_OraclePolicy):
@@ -237,38 +240,18 @@ class SlidePolicy(_OraclePolicy):
             self.goal_q = WINDOW_OPEN_M if opening else WINDOW_CLOSED_M
         model = self.base.model
         self.joint = model.joint(f"{self.what}_slide").id
-        self.aligned = False
+        # clear of the handle before the next skill (the window handle sits at 0.24 m; oracle: 0.28 m)
+        self.clear_z_m = 0.18 if self.what == "drawer" else 0.30
 
     def act(self, obs, info) -> np.ndarray:
         # Turn the gripper to the handle's yaw high above it before the oracle descends: descending
         # while still turning can hit the drawer front and push the handle away.
-        self.steps = getattr(self, "steps", 0) + 1
-        if not self.aligned and self.steps > 120:
-            self.aligned = True  # could not settle: let the oracle try anyway
-        if not self.aligned:
-            pinfo = self.target_info(self.info())
-            eff = pinfo["proprio/effector_pos"]
-            eff_yaw = pinfo["proprio/effector_yaw"][0]
+        pinfo = self.target_info(self.info())
+        if not predicates.slide_at(self.q, self.goal_q):
             handle = pinfo[f"privileged/{self.what}_handle_pos"]
-            if getattr(self, "yaw_target", None) is None:
-                self.yaw_target = self.oracle.shortest_yaw(eff_yaw, pinfo[f"privileged/{self.what}_handle_yaw"][0], n=2)
-                self.yaw_seen = []
-            self.yaw_seen.append(eff_yaw)
-            err = _wrap(self.yaw_target - eff_yaw)
-            if len(self.yaw_seen) > 10 and abs(_wrap(self.yaw_seen[-1] - self.yaw_seen[-11])) < 0.02 and abs(err) > 0.05:
-                # the wrist is at its joint limit: turn the other way to the handle's other symmetric yaw
-                self.yaw_target -= np.pi * np.sign(err)
-                self.yaw_seen = []
-                err = _wrap(self.yaw_target - eff_yaw)
             above = np.array([handle[0], handle[1], max(handle[2] + 0.12, 0.2)])
-            diff = above - eff
-            if abs(err) < 0.05 and np.linalg.norm(diff) < 0.03:
-                self.aligned = True
-            else:
-                action = np.zeros(5, np.float32)
-                action[:3] = np.clip(self.oracle.shape_diff(diff) * 5, -1, 1) if np.linalg.norm(diff) >= 0.03 else 0
-                action[3] = np.clip(err * 3, -1, 1)
-                action[4] = -1
+            action = align_above(pinfo, pinfo[f"privileged/{self.what}_handle_yaw"][0], handle, above)
+            if action is not None:
                 return action
         return super().act(obs, info)
 
@@ -280,10 +263,8 @@ class SlidePolicy(_OraclePolicy):
         self.q = q
         return info
 
-    def finished(self, info):
-        # clear of the handle before the next skill (the window handle sits at 0.24 m; oracle: 0.28 m)
-        clear_z = 0.18 if self.what == "drawer" else 0.30
-        return bool(predicates.slide_at(self.q, self.goal_q) and info["proprio/effector_pos"][2] > clear_z)
+    def achieved(self, info):
+        return bool(predicates.slide_at(self.q, self.goal_q))
 
 
 class PressPolicy(_OraclePolicy):
@@ -304,9 +285,8 @@ class PressPolicy(_OraclePolicy):
         info["privileged/target_button_top_pos"] = self.base._data.site_xpos[self.base._button_site_ids[self.i]].copy()
         return info
 
-    def finished(self, info):
-        toggled = int(info[f"privileged/button_{self.i}_state"]) != self.start_state
-        return bool(toggled and info["proprio/effector_pos"][2] > CLEAR_Z_M)
+    def achieved(self, info):
+        return int(info[f"privileged/button_{self.i}_state"]) != self.start_state
 
 
 def oracle_detector(factory):

@@ -38,6 +38,8 @@ class SkillTrainConfig:
     episodes: int = 500             # start states per suite; each runs up to `subgoals_per_episode`
     subgoals_per_episode: int = 6
     action_noise: float = 0.0       # DART-style when > 0: the arm runs oracle + N(0, sigma), the demo keeps the oracle's action (0.2 did worse)
+    joint_velocities: bool = False  # the arm's joint velocities in the policy input: they echo the last action,
+                                    # and with them the cloned slides copied their own turning (see policy_columns)
     data_seed: int = 100_000        # the planner suite resets with seeds 0..~1100
     steps: int = 30_000             # gradient steps per suite
     batch_size: int = 256
@@ -119,6 +121,26 @@ def collect(env_name: str, episodes: int, subgoals_per_episode: int, seed: int, 
 
 
 # ------------------------------------------------------------------------------------------- train
+ARM_JOINT_VEL = slice(6, 12)  # OGBench manipspace observations: joint_pos[0:6], joint_vel[6:12], effector, ...
+
+
+def policy_columns(obs_dim: int, goal_dim: int, joint_velocities: bool) -> list[int]:
+    """Columns of `concat(observation, goal vector)` the skill policy reads.
+
+    Without the arm's joint velocities by default: they are a copy of the previous action, and a policy
+    cloned with them learns to keep doing what it did (the copycat problem of causal confusion in
+    imitation, de Haan et al. 2019). Ours turned the wrist in one direction until the joint limit on
+    every open and close: 0/36 slides at stop 24.
+    """
+    drop = set(range(obs_dim)[ARM_JOINT_VEL]) if not joint_velocities else set()
+    return [i for i in range(obs_dim + goal_dim) if i not in drop]
+
+
+def select_columns(dataset, columns: list[int]):
+    return dataclasses.replace(dataset, observations=dataset.observations[:, columns],
+                               next_observations=dataset.next_observations[:, columns])
+
+
 def train(dataset, cfg: SkillTrainConfig, log=print):
     """GenerativeBC(flow) on the demo chunks; returns the agent and its last metrics."""
     from embodied.agents.bc_generative import GenerativeBC, GenerativeBCConfig
@@ -155,41 +177,63 @@ def check_config(cfg: SkillTrainConfig) -> None:
         raise UserError(f"--execute-horizon={cfg.execute_horizon} must be <= --pred-horizon={cfg.pred_horizon}")
 
 
-def run(cfg: SkillTrainConfig, out: Path, log=print) -> dict:
+def reuse_demos(demos_dir: Path, env_name: str):
+    """(dataset, demo count, oracle tallies, obs_dim) from an earlier run's `<demos_dir>/<suite>`."""
+    from embodied.data.d4rl import load_hdf5
+
+    source = demos_dir / env_name
+    if not (source / "demos.hdf5").is_file() or not (source / "skills.json").is_file():
+        raise UserError(f"--demos {demos_dir}: no {env_name}/demos.hdf5 and skills.json there; give the --out "
+                        f"of an earlier `python -m planners.train_skills` run")
+    meta = json.loads((source / "skills.json").read_text())
+    dataset = load_hdf5(source / "demos.hdf5")
+    return dataset, meta["subgoal_demos"], meta["oracle_finished_attempted"], int(meta["obs_dim"])
+
+
+def run(cfg: SkillTrainConfig, out: Path, log=print, demos_dir: Path | None = None) -> dict:
     import torch
 
     from embodied.data.d4rl import save_hdf5
     from embodied.data.dataset import Dataset
     from embodied.logging import write_json_atomic
+    from planners.learned_skill import goal_dim
+    from planners.skills import manipulation_skills
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     check_config(cfg)
+    skill_names = manipulation_skills().names()
     summary = {}
     for env_name in cfg.envs:
         t0 = time.perf_counter()
-        demos, counts, obs_dim = collect(env_name, cfg.episodes, cfg.subgoals_per_episode, cfg.data_seed,
-                                         cfg.action_noise, log)
-        if not demos:
-            raise UserError(f"[{env_name}] the oracles finished no sub-goal; raise --episodes")
-        dataset = Dataset.from_episodes(demos, {"env": f"{env_name}-goal", "source": "planners.train_skills"})
-        collect_s = time.perf_counter() - t0
         target = out / env_name
+        if demos_dir is not None:
+            dataset, n_demos, counts, obs_dim = reuse_demos(demos_dir, env_name)
+            log(f"[{env_name}] {len(dataset)} demo steps from {demos_dir / env_name}")
+        else:
+            demos, counts, obs_dim = collect(env_name, cfg.episodes, cfg.subgoals_per_episode, cfg.data_seed,
+                                             cfg.action_noise, log)
+            if not demos:
+                raise UserError(f"[{env_name}] the oracles finished no sub-goal; raise --episodes")
+            dataset = Dataset.from_episodes(demos, {"env": f"{env_name}-goal", "source": "planners.train_skills"})
+            n_demos = len(demos)
+        collect_s = time.perf_counter() - t0
         target.mkdir(parents=True, exist_ok=True)
-        save_hdf5(dataset, target / "demos.hdf5")
+        if demos_dir is None or demos_dir.resolve() != out.resolve():
+            save_hdf5(dataset, target / "demos.hdf5")  # every column, the joint velocities included
+        columns = policy_columns(obs_dim, goal_dim(skill_names), cfg.joint_velocities)
         t0 = time.perf_counter()
-        agent, metrics = train(dataset, cfg, log)
+        agent, metrics = train(select_columns(dataset, columns), cfg, log)
         train_s = time.perf_counter() - t0
         agent.actor.save(target)
-        from planners.skills import manipulation_skills
-
-        meta = {"env": env_name, "obs_dim": int(obs_dim), "skill_names": manipulation_skills().names(),
-                "transitions": len(dataset), "subgoal_demos": len(demos), "oracle_finished_attempted": counts,
+        meta = {"env": env_name, "obs_dim": int(obs_dim), "obs_columns": columns, "skill_names": skill_names,
+                "transitions": len(dataset), "subgoal_demos": n_demos, "oracle_finished_attempted": counts,
                 "collect_s": round(collect_s, 1), "train_s": round(train_s, 1), "final_metrics": metrics,
+                "demos_from": str(demos_dir / env_name) if demos_dir is not None else None,
                 "config": dataclasses.asdict(cfg)}
         write_json_atomic(target / "skills.json", meta)
         summary[env_name] = {k: meta[k] for k in ("transitions", "subgoal_demos", "collect_s", "train_s")}
-        log(f"[{env_name}] saved {target}: {len(dataset)} steps from {len(demos)} sub-goals; "
+        log(f"[{env_name}] saved {target}: {len(dataset)} steps from {n_demos} sub-goals; "
             f"collect {collect_s:.0f} s, train {train_s:.0f} s")
     return summary
 
@@ -206,8 +250,11 @@ def main(argv=None) -> None:
     ap.add_argument("--hidden", default=",".join(map(str, defaults.hidden)))
     ap.add_argument("--lr", type=float, default=defaults.lr)
     ap.add_argument("--action-noise", type=float, default=defaults.action_noise)
+    ap.add_argument("--joint-velocities", action=argparse.BooleanOptionalAction, default=defaults.joint_velocities,
+                    help="give the skill policy the arm's joint velocities (off: they echo the last action)")
+    ap.add_argument("--demos", default=None, help="train on an earlier run's demos (its --out) instead of collecting")
     args = ap.parse_args(argv)
-    values = {k: v for k, v in vars(args).items() if k not in ("out",)}
+    values = {k: v for k, v in vars(args).items() if k not in ("out", "demos")}
     values["envs"] = tuple(e.strip() for e in args.envs.split(",") if e.strip())
     try:
         values["hidden"] = tuple(int(h) for h in args.hidden.split(","))
@@ -216,7 +263,7 @@ def main(argv=None) -> None:
     cfg = SkillTrainConfig(**values)
     check_config(cfg)
     out = Path(args.out)
-    print(json.dumps(run(cfg, out), indent=2))
+    print(json.dumps(run(cfg, out, demos_dir=Path(args.demos) if args.demos else None), indent=2))
 
 
 if __name__ == "__main__":

@@ -52,7 +52,17 @@ def test_train_skills_collects_oracle_demos_trains_saves_and_the_suite_runs_with
     onehot = demos.observations[:, meta["obs_dim"]:meta["obs_dim"] + len(names)]
     assert np.all(onehot.sum(1) == 1) and set(np.flatnonzero(onehot.sum(0))) == {names.index("pick"), names.index("place_at")}
     assert meta["oracle_finished_attempted"]["pick"][1] == 2  # two start states, pick then place each
-    assert policies.load(tmp_path / "cube-single").obs_dim == demos.obs_dim
+    # the demos keep every column; the policy reads all but the arm's joint velocities (obs[6:12])
+    assert meta["obs_columns"] == [i for i in range(demos.obs_dim) if not 6 <= i < 12]
+    assert policies.load(tmp_path / "cube-single").obs_dim == demos.obs_dim - 6
+
+    # retraining on those demos (--demos) reads them back instead of collecting, with velocities on request
+    again = tmp_path / "again"
+    run(SkillTrainConfig(**{**cfg.__dict__, "joint_velocities": True}), again, log=lambda m: None, demos_dir=tmp_path)
+    meta2 = json.loads((again / "cube-single" / "skills.json").read_text())
+    assert meta2["transitions"] == len(demos) and meta2["obs_columns"] == list(range(demos.obs_dim))
+    assert meta2["demos_from"] == str(tmp_path / "cube-single")
+    assert np.array_equal(load_hdf5(again / "cube-single" / "demos.hdf5").observations, demos.observations)
 
     task = next(t for t in TASKS if t.id == "cs1-left")
     res = run_suite("rule", (task,), (), seed=0, skills="learned", skills_dir=tmp_path, log=lambda m: None)
