@@ -97,7 +97,14 @@ def run(cfg: DictConfig, run_dir: Path, on_start=None) -> dict:
         runner_cls = Runner
         if rcfg.online_algo == "dppo":  # on-policy fine-tuning with vectorised envs: its own online loop
             from embodied.agents.dppo import DPPORunner as runner_cls
-        runner = runner_cls(rcfg, dataset, run_dir, logger, progress=cfg.progress, envs=EnvSource(rcfg.env))
+        extra = {}
+        if rcfg.world_model.get("dataset"):  # DiWA: the world model learns from its own dataset (e.g. play)
+            from embodied.data import catalog
+
+            extra["model_dataset"] = catalog.load_dataset(cfg.env.name, rcfg.world_model["dataset"],
+                                                          rcfg.world_model.get("size", 100_000),
+                                                          seed=cfg.dataset.seed, progress=cfg.progress)
+        runner = runner_cls(rcfg, dataset, run_dir, logger, progress=cfg.progress, envs=EnvSource(rcfg.env), **extra)
         if checkpoint is not None:
             runner.resume_latest(checkpoint)
         elif cfg.resume:

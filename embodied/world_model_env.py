@@ -36,6 +36,7 @@ seeding and the autoreset itself.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from typing import Any
 
 import gymnasium
@@ -302,24 +303,16 @@ class WorldModelEnv(gymnasium.vector.VectorEnv):
         """[K, B, D] member means (and stds) -> [B] penalty u(s, a) (see the module docstring)."""
         return uncertainty(means, stds, self.penalty)
 
-    # -- gymnasium API ---------------------------------------------------------------------------------
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        if seed is not None:
-            self._gen.manual_seed(np.random.SeedSequence(seed).generate_state(1)[0].item())
-            self.action_space.seed(seed)
-            self.observation_space.seed(seed)
-        self._needs_reset[:] = False
-        self._restart(np.ones(self.num_envs, bool))
-        return self._obs(), {"start_index": self._start_index.copy(),
-                             "_start_index": np.ones(self.num_envs, bool)}
-
-    def step(self, actions):
+    def _check_actions(self, actions) -> np.ndarray:
         actions = np.asarray(actions, np.float32).reshape(self.num_envs, -1)
         if actions.shape[1] != self.single_action_space.shape[0]:
             raise ConfigError(f"actions have shape {actions.shape} but the env wants "
                               f"[{self.num_envs}, {self.single_action_space.shape[0]}]")
-        resetting = self._needs_reset.copy()
-        live = ~resetting
+        return actions
+
+    def advance(self, actions: np.ndarray, live: np.ndarray):
+        """One model step for the sub-envs in `live` (the rest stay as they are): per-env rewards,
+        terminated, penalty, model reward and success, each [B]. Resets and truncation are the caller's."""
         B = self.num_envs
         rewards = np.zeros(B, np.float32)
         terminated = np.zeros(B, bool)
@@ -358,6 +351,24 @@ class WorldModelEnv(gymnasium.vector.VectorEnv):
             rewards[live] = model_reward[live] - self.penalty_weight * penalty[live]
             terminated[live] = done.cpu().numpy()
             self._steps[live] += 1
+        return rewards, terminated, penalty, model_reward, success
+
+    # -- gymnasium API ---------------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        if seed is not None:
+            self._gen.manual_seed(np.random.SeedSequence(seed).generate_state(1)[0].item())
+            self.action_space.seed(seed)
+            self.observation_space.seed(seed)
+        self._needs_reset[:] = False
+        self._restart(np.ones(self.num_envs, bool))
+        return self._obs(), {"start_index": self._start_index.copy(),
+                             "_start_index": np.ones(self.num_envs, bool)}
+
+    def step(self, actions):
+        actions = self._check_actions(actions)
+        resetting = self._needs_reset.copy()
+        live = ~resetting
+        rewards, terminated, penalty, model_reward, success = self.advance(actions, live)
         truncated = live & ~terminated & (self._steps >= self.horizon)
         self._restart(resetting)
         self._needs_reset = terminated | truncated
@@ -367,3 +378,117 @@ class WorldModelEnv(gymnasium.vector.VectorEnv):
         if self.classifier is not None:
             infos["success"], infos["_success"] = success, live.copy()
         return self._obs(), rewards, terminated, truncated, infos
+
+
+class ChunkedWorldModelEnv:
+    """A WorldModelEnv behind the contract of `sims.vector.make_vec(..., autoreset="same_step",
+    execute_horizon=k)`, so an on-policy chunk learner (DPPO) rolls out in imagination unchanged.
+
+    `step(chunks [B, k, A])` runs the k rows open-loop, each sub-env until its rollout ends, and
+    returns the summed reward; a sub-env whose rollout ended restarts in the same step (its final state
+    is in `info["final_obs"]`), and `info["executed"]` counts the imagined steps each ran.
+    """
+
+    def __init__(self, env: WorldModelEnv, execute_horizon: int):
+        if execute_horizon < 1:
+            raise ConfigError(f"execute_horizon={execute_horizon} must be >= 1")
+        self.env, self.execute_horizon, self.num_envs = env, int(execute_horizon), env.num_envs
+        self.single_observation_space = env.single_observation_space
+
+    def reset(self, *, seed: int | None = None, options=None):
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, chunks):
+        env, B = self.env, self.num_envs
+        chunks = np.asarray(chunks, np.float32).reshape(B, self.execute_horizon, -1)
+        total = np.zeros(B, np.float32)
+        executed = np.zeros(B, np.int64)
+        terminated, truncated, success = np.zeros(B, bool), np.zeros(B, bool), np.zeros(B, bool)
+        penalty = np.zeros(B, np.float32)
+        active = np.ones(B, bool)
+        for j in range(self.execute_horizon):
+            r, term, pen, _, succ = env.advance(env._check_actions(chunks[:, j]), active)
+            total[active] += r[active]
+            penalty[active] += pen[active]
+            executed[active] += 1
+            success |= succ & active
+            terminated |= term & active
+            truncated |= active & ~term & (env._steps >= env.horizon)
+            active &= ~(terminated | truncated)
+            if not active.any():
+                break
+        done = terminated | truncated
+        final_obs = np.empty(B, dtype=object)
+        states = env._state.cpu().numpy().astype(np.float32)
+        for i in np.flatnonzero(done):
+            final_obs[i] = {STATE_KEY: states[i].copy()}
+        env._restart(done)
+        env._needs_reset[:] = False
+        info = {"executed": executed, "_executed": np.ones(B, bool), "success": success, "_success": np.ones(B, bool),
+                "penalty": penalty, "_penalty": np.ones(B, bool), "final_obs": final_obs, "_final_obs": done.copy()}
+        return env._obs(), total, terminated, truncated, info
+
+    def close(self) -> None:
+        self.env.close()
+
+
+@dataclass
+class ImaginationConfig:
+    """`algo.world_model`: roll the online phase out in a model learned once from offline data (DiWA-style)
+    instead of the real env. Evaluation stays in the real sim; no real step feeds learning."""
+    dataset: str | None = None       # the dataset quality the model learns from (e.g. play); None: the run's dataset
+    size: int = 100_000              # ... and its size (a quality name only)
+    members: int = 5                 # StateEnsembleModel (MOPO's ensemble, smaller): members, width, depth
+    hidden: int = 200
+    layers: int = 3
+    fit_steps: int = 2000
+    classifier_steps: int = 1000     # the success classifier gives the reward and ends a rollout on success
+    horizon: int = 10                # imagined steps per rollout before truncation (bootstrapped by V)
+    penalty: str = "max_std"
+    penalty_weight: float = 1.0
+    success_reward: float | None = None   # None: the dataset's own reward on success steps
+    failure_reward: float | None = None   # None: ... and on the other steps
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "ImaginationConfig":
+        names = {f.name for f in fields(cls)}
+        for key in values:
+            if key not in names:
+                raise ConfigError(f"algo.world_model.{key} is not an option; valid: {', '.join(sorted(names))}")
+        cfg = cls(**values)
+        for name in ("members", "hidden", "layers", "fit_steps", "classifier_steps", "horizon", "size"):
+            if getattr(cfg, name) < 1:
+                raise ConfigError(f"algo.world_model.{name}={getattr(cfg, name)} must be >= 1")
+        if cfg.penalty not in PENALTIES:
+            raise ConfigError(f"algo.world_model.penalty={cfg.penalty!r}: choose one of {', '.join(PENALTIES)}")
+        if cfg.penalty_weight < 0:
+            raise ConfigError(f"algo.world_model.penalty_weight={cfg.penalty_weight} must be >= 0")
+        return cfg
+
+
+def imagined_vec_env(cfg: ImaginationConfig, dataset, num_envs: int, execute_horizon: int, seed: int = 0,
+                     device: str = "cpu", log=print) -> tuple[ChunkedWorldModelEnv, dict]:
+    """Fit the model and success classifier on `dataset`; the chunked imagined vector env and fit metrics."""
+    terminal = np.asarray(dataset.terminals, bool)
+    if not terminal.any():
+        raise ConfigError("algo.world_model: the dataset has no terminal (success) step for the success classifier; "
+                          "use a dataset with successes (e.g. dataset=play on a manipulation task)")
+    rewards = np.asarray(dataset.rewards, np.float32)
+    success_reward = cfg.success_reward if cfg.success_reward is not None else float(rewards[terminal].mean())
+    failure_reward = cfg.failure_reward if cfg.failure_reward is not None else (
+        float(rewards[~terminal].mean()) if (~terminal).any() else 0.0)
+    torch.manual_seed(seed)
+    model = StateEnsembleModel(dataset.obs_dim, dataset.act_dim, num_members=cfg.members, hidden=cfg.hidden,
+                               layers=cfg.layers, seed=seed)
+    fit = model.fit(dataset, steps=cfg.fit_steps, seed=seed, device=device)
+    classifier = SuccessClassifier(dataset.obs_dim, seed=seed)
+    clf = classifier.fit(dataset, steps=cfg.classifier_steps, seed=seed)
+    metrics = {"world_model/fit_loss": fit["loss"], "world_model/classifier_accuracy": clf["accuracy"],
+               "world_model/success_reward": success_reward, "world_model/failure_reward": failure_reward,
+               "world_model/transitions": float(len(dataset))}
+    log(f"world model: {cfg.members} x {cfg.layers} x {cfg.hidden} fitted on {len(dataset)} transitions "
+        f"({cfg.fit_steps} steps, loss {fit['loss']:.3f}); success classifier accuracy {clf['accuracy']:.3f}")
+    env = WorldModelEnv(model, dataset, num_envs, horizon=cfg.horizon, penalty=cfg.penalty,
+                        penalty_weight=cfg.penalty_weight, classifier=classifier, success_reward=success_reward,
+                        failure_reward=failure_reward, seed=seed, device=device)
+    return ChunkedWorldModelEnv(env, execute_horizon), metrics

@@ -127,8 +127,8 @@ def test_every_preset_builds_its_agents_under_the_shipped_experiments(experiment
                 continue
             try:
                 rcfg = runner_config(cfg)
-            except ConfigError as err:  # only the documented conflict: DPPO's own horizons vs policy=diffusion
-                assert preset == "dppo" and policy == "policy=diffusion", (overrides, err)
+            except ConfigError as err:  # only the documented conflict: DPPO's (and DiWA's) horizons vs policy=diffusion
+                assert preset in ("dppo", "diwa") and policy == "policy=diffusion", (overrides, err)
                 continue
             rcfg.validate()
             for name, options in ((rcfg.offline_algo, rcfg.offline_agent), (rcfg.online_algo, rcfg.online_agent)):

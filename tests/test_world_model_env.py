@@ -256,3 +256,39 @@ def test_throughput_benchmark_smoke(tmp_path):
         torch.set_num_threads(threads)  # the script pins one thread for its own process
     assert result["real_steps_per_s"] > 0 and all(v["ratio"] > 0 for v in result["imagined"].values())
     assert list(tmp_path.glob("world_model_throughput-*.json"))
+
+
+def test_chunked_env_runs_rows_open_loop_to_the_horizon_and_restarts_in_the_same_step():
+    """The contract DPPO rolls out against (sims' make_vec with autoreset="same_step" and chunks)."""
+    from embodied.world_model_env import ChunkedWorldModelEnv
+
+    ds = linear_dataset()
+    env = ChunkedWorldModelEnv(WorldModelEnv(HandEnsemble(0.0), ds, num_envs=3, horizon=3, seed=0), execute_horizon=2)
+    pad = lambda x: np.array([x, x, 0.0], np.float32)  # HandEnsemble: s' = s + [a0, a1, 0], reward 1
+    obs, _ = env.reset(seed=0)
+    s0 = obs[STATE_KEY]
+    chunk = np.full((3, 2, ACT), 0.5, np.float32)
+    obs, reward, term, trunc, info = env.step(chunk)
+    np.testing.assert_allclose(obs[STATE_KEY], s0 + pad(1.0), atol=1e-6)  # both rows ran
+    assert (info["executed"] == 2).all() and np.allclose(reward, 2.0) and not (term | trunc).any()
+    assert not info["_final_obs"].any()
+    s1 = obs[STATE_KEY]
+    obs, reward, term, trunc, info = env.step(chunk)
+    # the third imagined step reaches the horizon: one row runs, the rollout is cut, its last state is kept
+    assert (info["executed"] == 1).all() and trunc.all() and not term.any() and np.allclose(reward, 1.0)
+    final = np.stack([f[STATE_KEY] for f in info["final_obs"]])
+    np.testing.assert_allclose(final, s1 + pad(0.5), atol=1e-6)
+    # same-step autoreset: what comes back is already a fresh start state from the dataset
+    assert all(np.isclose(ds.observations, o, atol=1e-6).all(1).any() for o in obs[STATE_KEY])
+    obs, reward, term, trunc, info = env.step(chunk)
+    assert (info["executed"] == 2).all() and not (term | trunc).any()  # the new rollouts run whole chunks again
+
+
+def test_imagination_config_names_the_bad_key_and_the_fix():
+    from embodied.world_model_env import ImaginationConfig
+
+    with pytest.raises(ConfigError, match=r"algo.world_model.horizn is not an option; valid: .*horizon"):
+        ImaginationConfig.from_dict({"horizn": 5})
+    with pytest.raises(ConfigError, match=r"algo.world_model.penalty_weight=-1 must be >= 0"):
+        ImaginationConfig.from_dict({"penalty_weight": -1})
+    assert ImaginationConfig.from_dict({"horizon": 5}).horizon == 5

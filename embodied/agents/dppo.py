@@ -288,7 +288,39 @@ class DPPOLoop:
 
 
 class DPPORunner(Runner):
-    """The offline->online runner with DPPO online (on-policy, vectorised envs, no replay learning)."""
+    """The offline->online runner with DPPO online (on-policy, vectorised envs, no replay learning).
+
+    With `cfg.world_model` set (algo=diwa) the rollouts run in a model learned from `model_dataset` (or
+    the run's dataset) and no real env step is taken online; evaluation stays in the real sim."""
+
+    def __init__(self, *args, model_dataset=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.model_dataset = model_dataset
+        if model_dataset is not None:
+            model_dataset.validate(obs_dim=self.spec.obs_dim, act_dim=self.spec.act_dim)
+
+    def _rollout_envs(self, n: int, agent):
+        if not self.cfg.world_model:
+            return self.envs.make_vec(n, asynchronous=agent.cfg.async_envs, autoreset="same_step",
+                                      execute_horizon=agent.execute_horizon)
+        from embodied.world_model_env import ImaginationConfig, imagined_vec_env
+
+        data = self.model_dataset if self.model_dataset is not None else self.dataset
+        if data is None:
+            raise ConfigError("algo.world_model needs offline data to learn the model from; set dataset=...")
+        envs, metrics = imagined_vec_env(ImaginationConfig.from_dict(self.cfg.world_model), data, n,
+                                         agent.execute_horizon, seed=self.cfg.seed, device=self.cfg.device,
+                                         log=tqdm.write)
+        self.logger.log({**metrics, "total_step": self.offline_step}, step=self.online_step, phase="online",
+                        kind="train")
+        return envs
+
+    def _finish(self) -> dict:
+        summary = super()._finish()
+        imagined = bool(self.cfg.world_model)
+        summary["online_real_env_steps"] = 0 if imagined else self.online_step
+        summary["online_imagined_steps"] = self.online_step if imagined else 0
+        return summary
 
     def _online_agent(self):
         cfg = self.cfg
@@ -311,8 +343,8 @@ class DPPORunner(Runner):
         cfg, agent = self.cfg, self.agent
         dcfg = agent.cfg
         n, to = dcfg.n_envs, agent.obs_horizon
-        envs = self.envs.make_vec(n, asynchronous=dcfg.async_envs, autoreset="same_step",
-                                  execute_horizon=agent.execute_horizon)
+        envs = self._rollout_envs(n, agent)
+        steps_key = "online/imagined_steps" if cfg.world_model else "online/env_steps"
         loop = self.loop
         obs, _ = envs.reset(seed=cfg.seed + 7 + self.online_step)
         states = obs[STATE_KEY]
@@ -371,7 +403,7 @@ class DPPORunner(Runner):
                                         "returns": ret.reshape(-1)}, actor=loop.iteration >= dcfg.critic_warmup_iters))
             loop.iteration += 1
             step = min(self.online_step, cfg.online_steps)
-            self.logger.log({**mean_metrics(window), "online/env_steps": self.online_step, "total_step": self.offline_step + step},
+            self.logger.log({**mean_metrics(window), steps_key: self.online_step, "total_step": self.offline_step + step},
                             step=step, phase="online", kind="train")
             window = []
             if step >= next_eval or step >= cfg.online_steps:

@@ -66,6 +66,8 @@ class RunnerConfig:
     switch_temperature_steps: int = 1000      # fast: steps at the raised lr; refit: actor+temperature steps
     switch_temperature_lr_scale: float = 10.0  # fast: temperature lr multiplier for the first steps
     actor_delay_steps: int = 0                # env steps after learning starts with critic updates only (0: WSRL)
+    world_model: dict = field(default_factory=dict)  # DPPO only: roll out online in a learned model (DiWA-style),
+                                              # embodied.world_model_env.ImaginationConfig; {}: the real env
     pretrained: str | None = None             # start online from this run's saved pretraining (skip offline)
     gamma: float = 0.99
     reward_scale: float = 1.0                 # r' = reward_scale * r + reward_bias (embodied.data.rewards)
@@ -101,6 +103,13 @@ class RunnerConfig:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 0")
         if self.utd < 1 or self.eval_episodes < 1:
             raise ConfigError("algo.utd and eval.episodes must be >= 1")
+        if self.world_model:
+            if self.online_algo != "dppo":
+                raise ConfigError(f"algo.world_model is set but online_algo={self.online_algo}: imagined rollouts "
+                                  "feed only DPPO (algo=diwa); drop algo.world_model")
+            from embodied.world_model_env import ImaginationConfig
+
+            ImaginationConfig.from_dict(self.world_model)
 
     def reward_transform(self) -> RewardTransform:
         return RewardTransform(self.reward_scale, self.reward_bias, self.sparse_failure_reward)
@@ -111,7 +120,7 @@ SWITCH_TEMPERATURE = ("keep", "reset", "fast", "refit")
 # budget, eval, env, checkpoint and run-level keys. A knob a preset leaves out keeps the default above.
 SWITCH_KNOBS = ("offline_algo", "online_algo", "utd", "critic_only_utd", "offline_ratio", "warmup_steps",
                 "random_steps", "reinit_critic", "reset_optimizers", "switch_temperature", "switch_temperature_value",
-                "switch_temperature_steps", "switch_temperature_lr_scale", "actor_delay_steps")
+                "switch_temperature_steps", "switch_temperature_lr_scale", "actor_delay_steps", "world_model")
 CHUNK_EVAL_ENVS = 5  # chunk agents run on manipulation tasks, whose envs hold ~100 MB each: evaluate in waves
 
 

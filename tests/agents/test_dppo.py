@@ -171,3 +171,35 @@ def test_dppo_loop_state_survives_a_checkpoint(tmp_path, monkeypatch):
     runner = DPPORunner(runner_config(cfg), load_dataset(cfg), tmp_path / "run", Quiet(), progress=False)
     runner.load_checkpoint(online[-1])
     assert runner.loop.state_dict() == saved
+
+
+@pytest.mark.slow
+def test_diwa_fine_tunes_in_the_world_model_and_takes_no_real_step_online(tmp_path, monkeypatch):
+    """algo=diwa: BC on task demos, a world model fitted on play data, DPPO rollouts in imagination only;
+    the real sim is used for evaluation, never for a rollout (make_vec would raise)."""
+    monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path / "cache"))
+    from hydra import compose, initialize_config_dir
+
+    from embodied.train import CONF_DIR, run
+    from sims.source import EnvSource
+
+    def no_real_rollouts(*args, **kwargs):
+        raise AssertionError("algo=diwa asked for real envs to roll out in")
+
+    monkeypatch.setattr(EnvSource, "make_vec", no_real_rollouts)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[
+            "algo=diwa", "experiment=smoke", "env=cube-single", "dataset=task", "dataset.size=2000",
+            "budget.offline_steps=20", "budget.online_steps=96", "eval.every_online=96", "eval.episodes=1",
+            "algo.online_agent.n_envs=4", "algo.online_agent.rollout_steps=4", "algo.world_model.size=2000",
+            "algo.world_model.fit_steps=30", "algo.world_model.classifier_steps=30", "algo.world_model.members=2",
+            "algo.world_model.hidden=32"])
+    summary = run(cfg, tmp_path / "run")
+    assert summary["online_real_env_steps"] == 0 and summary["online_imagined_steps"] >= 96
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    fitted = [x for x in lines if "world_model/fit_loss" in x]
+    assert len(fitted) == 1 and fitted[0]["world_model/transitions"] == 2000
+    assert fitted[0]["world_model/success_reward"] == 0.0 and fitted[0]["world_model/failure_reward"] == -1.0
+    train = [x for x in lines if x["phase"] == "online" and x["kind"] == "train" and "train/pg_loss" in x]
+    assert train and all("online/imagined_steps" in x and "online/env_steps" not in x for x in train)
+    assert [x["step"] for x in lines if x["phase"] == "online" and x["kind"] == "eval"][-1] >= 96
