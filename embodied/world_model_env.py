@@ -444,6 +444,7 @@ class ImaginationConfig:
     fit_steps: int = 2000
     classifier_steps: int = 1000     # the success classifier gives the reward and ends a rollout on success
     horizon: int = 10                # imagined steps per rollout before truncation (bootstrapped by V)
+    starts: str = "model"            # rollouts start from states of the model's dataset, or of the run's ("policy")
     penalty: str = "max_std"
     penalty_weight: float = 1.0
     success_reward: float | None = None   # None: the dataset's own reward on success steps
@@ -461,14 +462,18 @@ class ImaginationConfig:
                 raise ConfigError(f"algo.world_model.{name}={getattr(cfg, name)} must be >= 1")
         if cfg.penalty not in PENALTIES:
             raise ConfigError(f"algo.world_model.penalty={cfg.penalty!r}: choose one of {', '.join(PENALTIES)}")
+        if cfg.starts not in ("model", "policy"):
+            raise ConfigError(f"algo.world_model.starts={cfg.starts!r}: choose model (the model's dataset) or "
+                              "policy (the run's dataset)")
         if cfg.penalty_weight < 0:
             raise ConfigError(f"algo.world_model.penalty_weight={cfg.penalty_weight} must be >= 0")
         return cfg
 
 
 def imagined_vec_env(cfg: ImaginationConfig, dataset, num_envs: int, execute_horizon: int, seed: int = 0,
-                     device: str = "cpu", log=print) -> tuple[ChunkedWorldModelEnv, dict]:
-    """Fit the model and success classifier on `dataset`; the chunked imagined vector env and fit metrics."""
+                     device: str = "cpu", log=print, starts=None) -> tuple[ChunkedWorldModelEnv, dict]:
+    """Fit the model and success classifier on `dataset`; the chunked imagined vector env and fit metrics.
+    Rollouts start from `starts` (a Dataset of the same env) when given, else from `dataset`."""
     terminal = np.asarray(dataset.terminals, bool)
     if not terminal.any():
         raise ConfigError("algo.world_model: the dataset has no terminal (success) step for the success classifier; "
@@ -488,7 +493,8 @@ def imagined_vec_env(cfg: ImaginationConfig, dataset, num_envs: int, execute_hor
                "world_model/transitions": float(len(dataset))}
     log(f"world model: {cfg.members} x {cfg.layers} x {cfg.hidden} fitted on {len(dataset)} transitions "
         f"({cfg.fit_steps} steps, loss {fit['loss']:.3f}); success classifier accuracy {clf['accuracy']:.3f}")
-    env = WorldModelEnv(model, dataset, num_envs, horizon=cfg.horizon, penalty=cfg.penalty,
+    env = WorldModelEnv(model, starts if starts is not None else dataset, num_envs, horizon=cfg.horizon,
+                        penalty=cfg.penalty,
                         penalty_weight=cfg.penalty_weight, classifier=classifier, success_reward=success_reward,
                         failure_reward=failure_reward, seed=seed, device=device)
     return ChunkedWorldModelEnv(env, execute_horizon), metrics

@@ -291,4 +291,6 @@ def test_imagination_config_names_the_bad_key_and_the_fix():
         ImaginationConfig.from_dict({"horizn": 5})
     with pytest.raises(ConfigError, match=r"algo.world_model.penalty_weight=-1 must be >= 0"):
         ImaginationConfig.from_dict({"penalty_weight": -1})
+    with pytest.raises(ConfigError, match=r"algo.world_model.starts='demos': choose model .* or policy"):
+        ImaginationConfig.from_dict({"starts": "demos"})
     assert ImaginationConfig.from_dict({"horizon": 5}).horizon == 5

@@ -308,9 +308,12 @@ class DPPORunner(Runner):
         data = self.model_dataset if self.model_dataset is not None else self.dataset
         if data is None:
             raise ConfigError("algo.world_model needs offline data to learn the model from; set dataset=...")
-        envs, metrics = imagined_vec_env(ImaginationConfig.from_dict(self.cfg.world_model), data, n,
-                                         agent.execute_horizon, seed=self.cfg.seed, device=self.cfg.device,
-                                         log=tqdm.write)
+        wcfg = ImaginationConfig.from_dict(self.cfg.world_model)
+        starts = self.dataset if wcfg.starts == "policy" else None
+        if starts is None and wcfg.starts == "policy":
+            raise ConfigError("algo.world_model.starts=policy needs the run's dataset; set dataset=...")
+        envs, metrics = imagined_vec_env(wcfg, data, n, agent.execute_horizon, seed=self.cfg.seed,
+                                         device=self.cfg.device, log=tqdm.write, starts=starts)
         self.logger.log({**metrics, "total_step": self.offline_step}, step=self.online_step, phase="online",
                         kind="train")
         return envs
