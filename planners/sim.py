@@ -23,7 +23,6 @@ from sims.scene import Scene, SceneObject
 STAGING = {"cube": (0.30, -0.15, 0.02), "scene": (0.45, 0.0, 0.02)}
 LIFT_Z_M = 0.12  # pick ends with the cube this high
 CLEAR_Z_M = 0.16  # skills end with the gripper above this height (out of the way)
-SLIDE_PUSHED_M = 0.01  # a slide's push is over this close to its target (OGBench's slide oracles stop there)
 
 
 def suite_kind(env) -> str:
@@ -248,7 +247,7 @@ class SlidePolicy(_OraclePolicy):
         # Turn the gripper to the handle's yaw high above it before the oracle descends: descending
         # while still turning can hit the drawer front and push the handle away.
         pinfo = self.target_info(self.info())
-        if not self.achieved(pinfo):
+        if not predicates.slide_at(self.q, self.goal_q):
             handle = pinfo[f"privileged/{self.what}_handle_pos"]
             above = np.array([handle[0], handle[1], max(handle[2] + 0.12, 0.2)])
             action = align_above(pinfo, pinfo[f"privileged/{self.what}_handle_yaw"][0], handle, above)
@@ -265,12 +264,7 @@ class SlidePolicy(_OraclePolicy):
         return info
 
     def achieved(self, info):
-        # where the oracle's own push ends (handle within 1 cm of its target), well inside the success
-        # tolerance: retreating at the tolerance's edge taught the clone to let go a few mm short of it
-        return bool(abs(self.q - self.goal_q) <= SLIDE_PUSHED_M)
-
-    def finished(self, info):
-        return bool(predicates.slide_at(self.q, self.goal_q) and info["proprio/effector_pos"][2] > self.clear_z_m)
+        return bool(predicates.slide_at(self.q, self.goal_q))
 
 
 class PressPolicy(_OraclePolicy):
