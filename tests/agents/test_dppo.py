@@ -203,3 +203,14 @@ def test_diwa_fine_tunes_in_the_world_model_and_takes_no_real_step_online(tmp_pa
     train = [x for x in lines if x["phase"] == "online" and x["kind"] == "train" and "train/pg_loss" in x]
     assert train and all("online/imagined_steps" in x and "online/env_steps" not in x for x in train)
     assert [x["step"] for x in lines if x["phase"] == "online" and x["kind"] == "eval"][-1] >= 96
+    # the world-model benchmark's table reads the run back (a sweep of one)
+    import importlib.util
+
+    from embodied.train import CONF_DIR as _conf
+
+    spec = importlib.util.spec_from_file_location("world_model_bench", _conf.parents[1] / "benchmarks" / "world_model.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    row = bench.method_row(tmp_path)
+    assert row["method"] == "diwa" and row["real_env_steps_online"] == [0] and row["ppo_iterations"][0] == len(train)
+    assert "| diwa |" in bench.markdown([row], None)

@@ -1,0 +1,113 @@
+"""World-model RL, issue 17's table: DiWA (imagination only) against DPPO with real steps, and throughput.
+
+    # (b) the two sweeps, same BC pretraining (150 steps, 3 seeds), same PPO settings and budget
+    python -m embodied.train -m hydra/launcher=ray_local algo=diwa env=cube-single dataset=task \\
+        dataset.size=50000 seed=0,1,2 threads=1 budget.offline_steps=150 budget.online_steps=200000 \\
+        algo.online_agent.rollout_steps=50 algo.world_model.starts=policy algo.world_model.horizon=50 \\
+        eval.episodes=50 eval.every_offline=150 eval.every_online=50000 eval.video_episodes=0 \\
+        checkpoint.every=0 hydra.sweep.dir=DIWA_DIR
+    python -m embodied.train -m ... algo=dppo ... (the same overrides, no world_model ones) hydra.sweep.dir=DPPO_DIR
+    # the table
+    python benchmarks/world_model.py --diwa DIWA_DIR --dppo DPPO_DIR
+
+For each method: real success before (end of BC) and after fine-tuning, mean and 95% bootstrap CI over
+seeds; the real and imagined env steps the fine-tuning used; PPO iterations (the same for both: the
+gradient compute is matched by construction); and, for DiWA, the success the imagined rollouts reported
+at the start and at the end, against the real one, which is how model exploitation shows. (c) comes from
+the latest `results/world_model_throughput-*.json`. (a), TD-MPC2 vs SAC vs WSRL at one budget, is not here yet.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from embodied.stats import bootstrap_ci  # noqa: E402
+from embodied.summary import find_runs  # noqa: E402
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _imagined_success(lines: list[dict], fraction: float = 0.1) -> tuple[float, float] | None:
+    """Mean success of the first and last `fraction` of the training episodes."""
+    episodes = [x["online/success"] for x in lines if "online/success" in x]
+    if not episodes:
+        return None
+    k = max(1, int(len(episodes) * fraction))
+    return sum(episodes[:k]) / k, sum(episodes[-k:]) / k
+
+
+def method_row(sweep: Path) -> dict:
+    runs, skipped = find_runs(sweep)
+    if not runs:
+        raise SystemExit(f"error: no finished runs under {sweep}" + (f" ({skipped})" if skipped else ""))
+    before = [r.summary["offline_success"] for r in runs]
+    after = [r.summary["online_success"] for r in runs]
+    iterations, training = [], []
+    for run in runs:
+        lines = _metrics(run.path)
+        iterations.append(sum(1 for x in lines if "train/pg_loss" in x))
+        training.append(_imagined_success(lines))
+    return {
+        "method": runs[0].summary.get("preset"), "sweep": str(sweep), "seeds": sorted(r.summary["seed"] for r in runs),
+        "success_before": bootstrap_ci(before), "success_after": bootstrap_ci(after),
+        "per_seed": [[b, a] for b, a in zip(before, after)],
+        "real_env_steps_online": [r.summary.get("online_real_env_steps", r.summary["online_steps"]) for r in runs],
+        "imagined_steps_online": [r.summary.get("online_imagined_steps", 0) for r in runs],
+        "ppo_iterations": iterations, "training_episode_success_first_last": training,
+        "eval_episodes": runs[0].summary.get("episodes"),
+    }
+
+
+def _fmt(ci) -> str:
+    mean, low, high = ci
+    return f"{mean:.2f} [{low:.2f}, {high:.2f}]"
+
+
+def markdown(rows: list[dict], throughput: dict | None) -> str:
+    out = ["| method | success before -> after (95% CI) | per seed | real env steps online | imagined steps | "
+           "PPO iterations | training-episode success first -> last 10% |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        seeds = ", ".join(f"{b:.2f}->{a:.2f}" for b, a in r["per_seed"])
+        train = ", ".join("-" if t is None else f"{t[0]:.2f}->{t[1]:.2f}" for t in r["training_episode_success_first_last"])
+        out.append(f"| {r['method']} | {_fmt(r['success_before'])} -> {_fmt(r['success_after'])} | {seeds} | "
+                   f"{max(r['real_env_steps_online']):,} | {max(r['imagined_steps_online']):,} | "
+                   f"{min(r['ppo_iterations'])}-{max(r['ppo_iterations'])} | {train} |")
+    if throughput is not None:
+        out.append("")
+        out.append(f"Throughput (`{throughput['file']}`): " + "; ".join(
+            f"{k}: {v}" for k, v in throughput.items() if k != "file"))
+    return "\n".join(out)
+
+
+def latest_throughput() -> dict | None:
+    """Imagined transitions/s over real steps/s per model, from the latest throughput benchmark."""
+    files = sorted((HERE / "results").glob("world_model_throughput-*.json"))
+    if not files:
+        return None
+    data = json.loads(files[-1].read_text())
+    ratios = {name: f"{m['ratio']:.1f}x ({m['transitions_per_s']:,.0f} vs {data['real_steps_per_s']:,.0f} real steps/s)"
+              for name, m in data.get("imagined", {}).items()}
+    return {"file": f"results/{files[-1].name}", **ratios, "goal": f"{data.get('goal_ratio', 20):.0f}x"}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--diwa", required=True, help="the algo=diwa sweep directory")
+    ap.add_argument("--dppo", help="the algo=dppo sweep directory with the same overrides (real steps)")
+    ap.add_argument("--out", default=str(HERE / "results" / "world_model.json"))
+    args = ap.parse_args(argv)
+    rows = [method_row(Path(args.diwa))] + ([method_row(Path(args.dppo))] if args.dppo else [])
+    throughput = latest_throughput()
+    Path(args.out).write_text(json.dumps({"rows": rows, "throughput": throughput}, indent=2))
+    print(markdown(rows, throughput))
+
+
+if __name__ == "__main__":
+    main()
