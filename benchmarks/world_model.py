@@ -3,7 +3,8 @@
     # (b) the two sweeps, same BC pretraining (150 steps, 3 seeds), same PPO settings and budget
     python -m embodied.train -m hydra/launcher=ray_local algo=diwa env=cube-single dataset=task \\
         dataset.size=50000 seed=0,1,2 threads=1 budget.offline_steps=150 budget.online_steps=200000 \\
-        algo.online_agent.rollout_steps=50 algo.world_model.starts=policy algo.world_model.horizon=50 \\
+        algo.online_agent.rollout_steps=50 algo.world_model.dataset=play algo.world_model.starts=policy \\
+        algo.world_model.horizon=50 \\
         eval.episodes=50 eval.every_offline=150 eval.every_online=50000 eval.video_episodes=0 \\
         checkpoint.every=0 hydra.sweep.dir=DIWA_DIR
     python -m embodied.train -m ... algo=dppo ... (the same overrides, no world_model ones) hydra.sweep.dir=DPPO_DIR

@@ -191,7 +191,7 @@ def test_diwa_fine_tunes_in_the_world_model_and_takes_no_real_step_online(tmp_pa
         cfg = compose(config_name="train", overrides=[
             "algo=diwa", "experiment=smoke", "env=cube-single", "dataset=task", "dataset.size=2000",
             "budget.offline_steps=20", "budget.online_steps=96", "eval.every_online=96", "eval.episodes=1",
-            "algo.online_agent.n_envs=4", "algo.online_agent.rollout_steps=4", "algo.world_model.size=2000",
+            "algo.online_agent.n_envs=4", "algo.online_agent.rollout_steps=4", "algo.world_model.dataset=play", "algo.world_model.size=2000",
             "algo.world_model.fit_steps=30", "algo.world_model.classifier_steps=30", "algo.world_model.members=2",
             "algo.world_model.hidden=32"])
     summary = run(cfg, tmp_path / "run")
