@@ -309,9 +309,9 @@ class DPPORunner(Runner):
         if data is None:
             raise ConfigError("algo.world_model needs offline data to learn the model from; set dataset=...")
         wcfg = ImaginationConfig.from_dict(self.cfg.world_model)
-        starts = self.dataset if wcfg.starts == "policy" else None
-        if starts is None and wcfg.starts == "policy":
+        if wcfg.starts == "policy" and self.dataset is None:
             raise ConfigError("algo.world_model.starts=policy needs the run's dataset; set dataset=...")
+        starts = self.dataset if wcfg.starts == "policy" else None
         envs, metrics = imagined_vec_env(wcfg, data, n, agent.execute_horizon, seed=self.cfg.seed,
                                          device=self.cfg.device, log=tqdm.write, starts=starts)
         self.logger.log({**metrics, "total_step": self.offline_step}, step=self.online_step, phase="online",
