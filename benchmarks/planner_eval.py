@@ -9,7 +9,8 @@ Planners: rule, smollm2-<mode> for mode generate / saycan / constrained / goal, 
 23-task suite (planners/tasks.py), --set heldout the held-out set (planners/heldout.py, never used for
 tuning); result files of the held-out set end in "-heldout". The adversarial set runs with both unless
 --no-adversarial. --skills learned swaps the scripted oracles for the checkpoints that
-`python -m planners.train_skills` wrote (result files end in "-learned"); the summary then has the
+`python -m planners.train_skills` wrote (result files end in "-learned"; with --skill-noise fixed, the
+policies' one fixed noise draw instead of fresh noise per chunk, "-learned-fixednoise"); the summary then has the
 per-skill success rate and whether failed tasks failed in planning or in a skill. The summary records the CPU (avx512_bf16 or not), precision and the load average.
 
 Every planner runs the same tasks, seeds and skill oracles in one process; SmolLM2 is loaded once and
@@ -51,6 +52,9 @@ def main(argv=None) -> None:
     ap.add_argument("--max-replans", type=int, default=3)
     ap.add_argument("--skills", default="oracle", choices=("oracle", "learned"))
     ap.add_argument("--skills-dir", default=None, help="with --skills learned: planners.train_skills' --out")
+    ap.add_argument("--skill-noise", default="sampled", choices=("sampled", "fixed"),
+                    help="learned skills: fresh noise per chunk, as Diffusion Policy samples (default), or the "
+                         "policy's one fixed noise draw (deterministic acting)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--wandb", default="disabled", choices=("disabled", "offline", "online"))
     ap.add_argument("--table-only", action="store_true", help="rebuild the table from saved results")
@@ -68,6 +72,8 @@ def main(argv=None) -> None:
     if args.skills == "learned" and not args.skills_dir:
         raise UserError("--skills learned needs --skills-dir (the --out of `python -m planners.train_skills`)")
     suffix = ("" if args.set == "suite" else "-heldout") + ("-learned" if args.skills == "learned" else "")
+    if args.skills == "learned" and args.skill_noise == "fixed":
+        suffix += "-fixednoise"
     tasks = pool if args.tasks == "all" else tuple(t for t in pool if t.id in args.tasks.split(","))
     if not tasks:
         raise UserError(f"--tasks {args.tasks!r} matches no task; ids: {', '.join(t.id for t in pool)}")
@@ -98,10 +104,12 @@ def main(argv=None) -> None:
         res = run_suite(spec, tasks, adversarial, out, seed=args.seed, max_replans=args.max_replans,
                         backend=backend if spec.startswith("smollm2") else None, wandb_run=run,
                         log=lambda m: print(m, flush=True), name=f"{spec}{suffix}", skills=args.skills,
-                        skills_dir=args.skills_dir)
+                        skills_dir=args.skills_dir, sample_skills=args.skill_noise == "sampled")
         res["wall_s"] = time.perf_counter() - t0
         res["machine"] = {**machine, "uptime_after": uptime() or "unknown"}
         res["set"] = args.set
+        if args.skills == "learned":
+            res["skill_noise"] = args.skill_noise
         if run is not None:
             run.summary.update({k: v for k, v in res["summary"].items() if isinstance(v, (int, float))})
             run.finish()
@@ -125,7 +133,7 @@ def _write_table(out: Path) -> None:
 
     merged = {}
     for spec in ALL_PLANNERS:
-        for suffix in ("", "-heldout", "-learned", "-heldout-learned"):
+        for suffix in ("", "-heldout", "-learned", "-heldout-learned", "-learned-fixednoise"):
             path = out / f"{spec}{suffix}.json"
             if path.exists():
                 res = json.loads(path.read_text())

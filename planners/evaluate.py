@@ -69,7 +69,7 @@ def make_planner(spec: str, library, backend=None, threshold: float = 0.8):
 
 def run_suite(spec: str, tasks=TASKS, adversarial=ADVERSARIAL, out_dir: str | Path | None = None, seed: int = 0,
               max_replans: int = 3, backend=None, wandb_run=None, log=print, name: str | None = None,
-              skills: str = "oracle", skills_dir: str | Path | None = None) -> dict:
+              skills: str = "oracle", skills_dir: str | Path | None = None, sample_skills: bool = True) -> dict:
     """`name` (default: spec) names the trace and partial files, e.g. '<spec>-heldout'. `skills`:
     "oracle" (the scripted OGBench oracles) or "learned" (checkpoints under `skills_dir`, written by
     `python -m planners.train_skills`)."""
@@ -77,7 +77,8 @@ def run_suite(spec: str, tasks=TASKS, adversarial=ADVERSARIAL, out_dir: str | Pa
         raise UserError(f"skills={skills!r}: choose oracle or learned")
     if skills == "learned" and not skills_dir:
         raise UserError("skills=learned needs skills_dir (the --out of `python -m planners.train_skills`)")
-    library_fn = oracle_skills if skills == "oracle" else (lambda env: load_learned_skills(env, skills_dir))
+    library_fn = (oracle_skills if skills == "oracle"
+                  else (lambda env: load_learned_skills(env, skills_dir, sample=sample_skills)))
     out_dir = Path(out_dir) if out_dir else None
     name = name or spec
     trace = Trace(out_dir / f"trace_{name}.jsonl" if out_dir else None, wandb_run)
@@ -113,8 +114,11 @@ def run_suite(spec: str, tasks=TASKS, adversarial=ADVERSARIAL, out_dir: str | Pa
 
 def _run_task(spec, task: Task, pool: EnvPool, trace: Trace, seed: int, max_replans: int, backend, k: int,
               library_fn=oracle_skills, goals: bool = True) -> dict:
+    import torch
+
     env = pool.get(task.env)
     obs, info = env.reset(seed=seed + k, options={"task_id": task.task_id})
+    torch.manual_seed(seed + k)  # learned skills that sample draw from torch's global generator
     library = library_fn(env)
     planner = make_planner(spec, library, backend)
     executor = Executor(planner, library, world_from_env, ExecutorConfig(max_replans=max_replans, seed=seed), trace)

@@ -39,11 +39,17 @@ class LearnedPolicy:
     The policy reads `observation.state[:obs_dim]` (the observation without a goal-conditioned env's
     goal half, when `obs_dim` is given) followed by the goal vector, of which it keeps `columns` (all,
     when None), and runs `execute_horizon` rows of each predicted chunk before predicting again.
+
+    `sample` (default): a generative policy draws fresh initial noise per chunk, as Diffusion Policy
+    samples. Without it, the policy's `deterministic` acting uses the same noise draw on every call; that
+    one draw biased every chunk the same way (the learned window `open` turned the wrist to its limit),
+    and the suite solved 15.6 of 23 tasks against 20.6 sampled (benchmarks/RESULTS.md).
     """
 
     def __init__(self, policy, subgoal: SubGoal, skill_names: list[str], language: bool, detector,
-                 obs_dim: int | None = None, columns: list[int] | None = None):
+                 obs_dim: int | None = None, columns: list[int] | None = None, sample: bool = True):
         self.policy, self.subgoal, self.language, self.detector = policy, subgoal, language, detector
+        self.sample = sample
         self.goal = None if language else goal_vector(subgoal, skill_names)
         self.obs_dim = obs_dim
         self.columns = None if columns is None else np.asarray(columns, np.int64)
@@ -65,7 +71,7 @@ class LearnedPolicy:
                 inp = np.concatenate([state, self.goal])
                 if self.columns is not None:
                     inp = inp[self.columns]
-            self._chunk = list(np.asarray(self.policy.act(inp, deterministic=True), np.float32))[: self.execute]  # [H, A]
+            self._chunk = list(np.asarray(self.policy.act(inp, deterministic=not self.sample), np.float32))[: self.execute]  # [H, A]
         action = np.clip(self._chunk.pop(0), -1.0, 1.0)
         self.done = bool(self.detector())
         return action
@@ -73,7 +79,7 @@ class LearnedPolicy:
 
 def learned_skill(base: Skill, policy, skill_names: list[str], world_fn=None, language: bool = False,
                   max_steps: int | None = None, obs_dim: int | None = None, detector_fn=None,
-                  columns: list[int] | None = None) -> Skill:
+                  columns: list[int] | None = None, sample: bool = True) -> Skill:
     """A copy of `base` (same name, arguments, symbolic model) whose policy is the checkpoint.
 
     `detector_fn(env, subgoal) -> () -> bool` says when the skill is finished; by default, when the
@@ -83,13 +89,13 @@ def learned_skill(base: Skill, policy, skill_names: list[str], world_fn=None, la
     def factory(env, subgoal, seed=0):
         detector = (detector_fn(env, subgoal) if detector_fn is not None
                     else (lambda: base.succeeded(world_fn(env), subgoal)))
-        return LearnedPolicy(policy, subgoal, skill_names, language, detector, obs_dim, columns)
+        return LearnedPolicy(policy, subgoal, skill_names, language, detector, obs_dim, columns, sample)
 
     return Skill(base.name, base.description, base.args, base.template, base.preconditions, base.effects,
                  factory, max_steps or base.max_steps, base.affordance_fn, {**base.extra, "learned": True})
 
 
-def load_learned_skills(env, directory, device: str = "cpu"):
+def load_learned_skills(env, directory, device: str = "cpu", sample: bool = True):
     """The sim's skill library with each skill's policy replaced by the suite's checkpoint
     (`<directory>/<suite>`, written by `python -m planners.train_skills`)."""
     import json
@@ -117,4 +123,5 @@ def load_learned_skills(env, directory, device: str = "cpu"):
         raise UserError(f"{path}: the policy reads {policy.obs_dim} inputs, skills.json's obs_columns give {width}; "
                         f"retrain with `python -m planners.train_skills`")
     return SkillLibrary(learned_skill(s, policy, meta["skill_names"], obs_dim=meta["obs_dim"],
-                                      detector_fn=oracle_detector(s.policy), columns=columns) for s in oracles)
+                                      detector_fn=oracle_detector(s.policy), columns=columns, sample=sample)
+                        for s in oracles)

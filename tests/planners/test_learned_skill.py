@@ -80,3 +80,26 @@ def test_learned_skills_name_the_training_command_when_a_suite_has_no_checkpoint
     env = sims.make("scene-goal")
     with pytest.raises(UserError, match=r"no learned skills for 'scene' .*`python -m planners.train_skills --envs scene"):
         load_learned_skills(env, tmp_path)
+
+
+def test_a_learned_skill_samples_fresh_noise_per_chunk_unless_told_to_use_the_fixed_draw():
+    """Sampling is the default (Diffusion Policy samples); the fixed draw biased every chunk the same way."""
+    from planners.base import SubGoal
+    from planners.learned_skill import LearnedPolicy
+
+    names = ["pick", "open"]
+    policy = policies.make("flow", obs_dim=3 + goal_dim(names), act_dim=2, obs_horizon=1, pred_horizon=2,
+                           execute_horizon=1, denoiser="mlp", denoiser_kwargs={"hidden": (16,)})
+    goal = SubGoal("pick", ("cube_0",), "pick up the red cube", ("holding(cube_0)",), {"target_pos_m": [[0.1, 0.2, 0.0]]})
+    obs = {"observation.state": np.array([0.1, -0.2, 0.3], np.float32)}
+
+    def actions(sample: bool) -> np.ndarray:
+        skill = LearnedPolicy(policy, goal, names, language=False, detector=lambda: False, sample=sample)
+        skill.reset(obs, {})
+        return np.stack([skill.act(obs, {}) for _ in range(4)])  # one chunk row per call: 4 chunks
+
+    fixed = actions(sample=False)
+    np.testing.assert_array_equal(fixed, np.repeat(fixed[:1], 4, 0))       # the same draw every time
+    sampled = actions(sample=True)
+    assert len({tuple(row) for row in sampled.round(6)}) == 4              # a fresh draw every chunk
+    assert LearnedPolicy(policy, goal, names, False, lambda: False).sample  # and that is the default
