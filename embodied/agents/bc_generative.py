@@ -68,13 +68,15 @@ class GenerativeBC(GenerativeChunkActing, Agent):
             self.actor = copy.deepcopy(self.model).requires_grad_(False)
             self.ema = EMAModel(self.model.parameters(), decay=cfg.ema_max_decay, min_decay=0.0, use_ema_warmup=True,
                                 inv_gamma=1.0, power=cfg.ema_power, foreach=True)
+            self.ema.shadow_params = list(self.actor.parameters())  # EMAModel.step averages into the actor in place
         self.chunk_horizon, self.obs_horizon = cfg.pred_horizon, cfg.obs_horizon
         self.execute_horizon = self.actor.execute_horizon
 
     def fit_normalization(self, observations: np.ndarray, actions: np.ndarray) -> None:
         self.model.fit_normalization(observations, actions)
-        if self.actor is not self.model:
-            self.actor.fit_normalization(observations, actions)
+        if self.actor is not self.model:  # the statistics are buffers, which the EMA does not average
+            for averaged, trained in zip(self.actor.buffers(), self.model.buffers()):
+                averaged.copy_(trained)
 
     def update(self, batch) -> dict[str, float]:
         batch = to_torch(batch, self.device)
@@ -91,7 +93,6 @@ class GenerativeBC(GenerativeChunkActing, Agent):
         self.optimizer.step()
         if self.ema is not None:
             self.ema.step(self.model.parameters())
-            self.ema.copy_to(self.actor.parameters())
             metrics["ema_decay"] = self.ema.cur_decay_value
         return {k: float(v) for k, v in metrics.items()}
 
@@ -110,7 +111,7 @@ class GenerativeBC(GenerativeChunkActing, Agent):
             tensors = {**tensors, **{"model." + k[6:]: v for k, v in tensors.items() if k.startswith("actor.")}}
         super().load_state_dict(tensors)
         if self.ema is not None:
-            self.ema.shadow_params = [p.detach().clone() for p in self.actor.parameters()]
+            self.ema.shadow_params = list(self.actor.parameters())
             self.ema.optimization_step = int(tensors.get("ema_step", torch.tensor(0)))
 
     def _optimizers(self) -> dict:

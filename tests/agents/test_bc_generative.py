@@ -68,3 +68,12 @@ def test_a_checkpoint_written_without_ema_loads_into_an_ema_agent():
 def test_bad_ema_settings_name_the_field():
     with pytest.raises(ConfigError, match="ema_max_decay"):
         make(ema_max_decay=1.0)
+
+
+def test_the_actor_gets_the_normalisation_statistics_the_trained_network_was_fitted_with():
+    agent = make()
+    rng = np.random.default_rng(0)
+    agent.fit_normalization(rng.normal(3.0, 2.0, (100, OBS)), rng.uniform(-0.5, 0.5, (100, ACT)))
+    for name in ("obs_mean", "obs_std", "act_low", "act_high"):
+        torch.testing.assert_close(getattr(agent.actor, name), getattr(agent.model, name))
+    assert float(agent.actor.obs_mean.mean()) > 2.0
