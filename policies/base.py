@@ -38,7 +38,10 @@ class Policy(torch.nn.Module):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
-    def act(self, obs, deterministic: bool = True) -> np.ndarray:
+    def act(self, obs, deterministic: bool = True, generator: torch.Generator | None = None) -> np.ndarray:
+        """[H, A] for one observation, [B, H, A] for a batch. A policy that draws noise even when acting
+        deterministically (diffusion, flow, MPPI) takes it from `generator` when one is given, fresh at
+        every call; without one, deterministic acting is a function of the observation."""
         raise NotImplementedError
 
     def sample(self, obs, n: int) -> np.ndarray:

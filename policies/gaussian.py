@@ -64,7 +64,8 @@ class TanhGaussianPolicy(Policy):
         return torch.tanh(self(obs)[0])
 
     @torch.no_grad()
-    def act(self, obs, deterministic: bool = True) -> np.ndarray:
+    def act(self, obs, deterministic: bool = True, generator: torch.Generator | None = None) -> np.ndarray:
+        """The mean when deterministic (no noise, so `generator` is unused), else a tanh-Gaussian sample."""
         state = torch.as_tensor(state_of(obs, self.obs_dim), device=self.device)
         single = state.ndim == 1
         state = state.reshape(-1, self.obs_dim)

@@ -105,18 +105,22 @@ class GenerativeChunkPolicy(Policy):
                                 f"or [B, obs_horizon, obs_dim]")
         return torch.as_tensor(state, device=self.device), single
 
-    def _generator(self, deterministic: bool) -> torch.Generator | None:
-        if not deterministic:
-            return None
+    def _generator(self, deterministic: bool, generator: torch.Generator | None = None) -> torch.Generator | None:
+        if generator is not None or not deterministic:
+            return generator
         gen = torch.Generator(device=self.device)
         gen.manual_seed(0)  # deterministic acting: the same noise every call, so act() is a function of obs
         return gen
 
     @torch.no_grad()
-    def act(self, obs, deterministic: bool = True) -> np.ndarray:
-        """[H, A] for one observation (H = pred_horizon - obs_horizon + 1), [B, H, A] for a batch."""
+    def act(self, obs, deterministic: bool = True, generator: torch.Generator | None = None) -> np.ndarray:
+        """[H, A] for one observation (H = pred_horizon - obs_horizon + 1), [B, H, A] for a batch.
+
+        The noise: with `generator`, fresh draws from that stream (evaluation: Diffusion Policy samples
+        fresh noise per chunk, and a seeded stream keeps evals paired); else a fixed draw when
+        deterministic (act() is then a function of obs, for probes and tests), else the global RNG."""
         states, single = self._obs_batch(obs)
-        chunk = self.act_tensor(states, self._generator(deterministic))
+        chunk = self.act_tensor(states, self._generator(deterministic, generator))
         chunk = chunk.float().cpu().numpy()
         return chunk[0] if single else chunk
 

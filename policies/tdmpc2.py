@@ -393,15 +393,17 @@ class TDMPC2Policy(Policy):
         return torch.as_tensor(state_of(obs, self.obs_dim if self.obs_type == "state" else None), device=self.device)
 
     @torch.no_grad()
-    def act(self, obs, deterministic: bool = True) -> np.ndarray:
-        """Plan from the current state(s). deterministic: fixed planning noise (`plan_seed`) and the plan's mean
-        first action, so the answer depends on the observation and the warm start only."""
+    def act(self, obs, deterministic: bool = True, generator: torch.Generator | None = None) -> np.ndarray:
+        """Plan from the current state(s). deterministic: the plan's mean first action, with fixed planning
+        noise (`plan_seed`), so the answer depends on the observation and the warm start only, or with
+        fresh noise from `generator` when one is given."""
         state = self._obs_tensor(obs)
         single = state.ndim == 1
         state = state.reshape(-1, self.obs_dim)
         training = self.training
         self.eval()  # no dropout while planning
-        generator = torch.Generator(device=self.device).manual_seed(self.plan_seed) if deterministic else None
+        if generator is None and deterministic:
+            generator = torch.Generator(device=self.device).manual_seed(self.plan_seed)
         if not self.mpc:
             sample, _, mode = self.pi(self.encode(state), generator)
             action = mode if deterministic else sample

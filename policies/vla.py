@@ -484,10 +484,12 @@ class VLAPolicy(Policy):
         return gen
 
     @torch.no_grad()
-    def act(self, obs, deterministic: bool = True) -> np.ndarray:
-        """[chunk, A] for one observation, [B, chunk, A] for a batch."""
+    def act(self, obs, deterministic: bool = True, generator: torch.Generator | None = None) -> np.ndarray:
+        """[chunk, A] for one observation, [B, chunk, A] for a batch. `generator` supplies the noise of the
+        heads that draw any (flow; parallel and AR when sampling), fresh per call."""
         single = self._inputs(obs)[3]
-        chunk = self.act_tensor(obs, deterministic, self._generator(deterministic)).float().cpu().numpy()
+        generator = generator if generator is not None else self._generator(deterministic)
+        chunk = self.act_tensor(obs, deterministic, generator).float().cpu().numpy()
         return chunk[0] if single else chunk
 
     @torch.no_grad()

@@ -158,11 +158,21 @@ def _policy_rows(policy) -> int | None:
     return 1 if getattr(policy, "act_dim", None) is not None else None
 
 
+def _noise_stream(policy, seed: int):
+    """The noise a diffusion or flow policy samples each chunk from: fresh per request, as those policies
+    are deployed (a fixed draw would replay one sample forever), and seeded, so a session repeats."""
+    import torch
+
+    device = getattr(policy, "device", torch.device("cpu"))
+    return torch.Generator(device=device).manual_seed(int(seed))
+
+
 class PolicyServer:
     def __init__(self, policy, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
                  action_map: ActionMap | None = None, repeat: int = 1, extra_latency_ms: float = 0.0,
                  max_bytes: int = DEFAULT_MAX_BYTES, obs_dim: int | None = None,
-                 hard_cap_bytes: int = DEFAULT_HARD_CAP_BYTES, max_abs: float = DEFAULT_MAX_ABS):
+                 hard_cap_bytes: int = DEFAULT_HARD_CAP_BYTES, max_abs: float = DEFAULT_MAX_ABS,
+                 noise_seed: int = 0):
         if host not in LOOPBACK and not token:
             raise UserError(f"policy server host={host!r} is not loopback; pass --token (an auth token) "
                             "or bind 127.0.0.1")
@@ -170,6 +180,7 @@ class PolicyServer:
             raise ConfigError(f"hard_cap_bytes={hard_cap_bytes} is below max_bytes={max_bytes}; the hard cap "
                               "must be at least the size limit so oversized requests can be answered")
         self.policy, self.token, self.repeat = policy, token, max(1, int(repeat))
+        self._noise = _noise_stream(policy, noise_seed)
         self.action_map = action_map or ActionMap(kind="absolute")
         self.extra_latency_s = float(extra_latency_ms) / 1e3
         self.max_bytes, self.hard_cap_bytes = int(max_bytes), int(hard_cap_bytes)
@@ -328,7 +339,7 @@ class PolicyServer:
         with np.errstate(over="ignore"):  # only past a loosened max_abs; the output check catches the result
             policy_obs = {k: v.astype(np.float32) for k, v in obs.items()}  # only checked inputs reach the policy
         try:
-            chunk = np.asarray(self.policy.act(policy_obs), np.float64)
+            chunk = np.asarray(self.policy.act(policy_obs, generator=self._noise), np.float64)
         except Exception as err:  # noqa: BLE001  a policy bug must not kill the server
             raise _Reject("policy_error", f"policy failed: {type(err).__name__}: {_one_line(err, 120)}") from None
         if chunk.ndim == 1:
@@ -430,6 +441,8 @@ def main(argv=None) -> None:
                         help="zmq MAXMSGSIZE: larger requests are dropped by the transport, unanswered")
     parser.add_argument("--max-abs", type=float, default=DEFAULT_MAX_ABS, help="bound on |observation values|")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--noise-seed", type=int, default=0,
+                        help="seed of the noise diffusion/flow policies draw fresh for every chunk")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     policy = load_policy(args.policy, args.device)
@@ -438,7 +451,7 @@ def main(argv=None) -> None:
                           action_map=ActionMap(args.action_map, args.dof, args.mode, args.delta_scale_rad,
                                                gripper_max_m=args.gripper_max_m),
                           extra_latency_ms=args.extra_latency_ms, max_bytes=args.max_bytes,
-                          hard_cap_bytes=args.hard_cap_bytes, max_abs=args.max_abs)
+                          hard_cap_bytes=args.hard_cap_bytes, max_abs=args.max_abs, noise_seed=args.noise_seed)
     server.exit_with_parent = True
     if not args.token:
         print(f"warning: no token set, so any local process can send requests to {server.address}; "

@@ -2,7 +2,8 @@
 
 A chunked agent has `chunk_horizon` (actions per training chunk: batches come from
 `ReplayBuffer.sample_chunks(B, chunk_horizon)`), `obs_horizon`, `execute_horizon`, and
-`act_chunk(obs_seq [B, To, obs], deterministic) -> [B, H, A]` (rows from the current step on).
+`act_chunk(obs_seq [B, To, obs], deterministic, generator=None) -> [B, H, A]` (rows from the current
+step on; a given `generator` supplies fresh noise per call, which is how the runner evaluates).
 Chunks run open-loop (`embodied.evaluation.ChunkActor`), one env step per row, and every
 env step is stored as a single transition, so h-step targets can be sampled later with `valid` masks.
 """
@@ -20,8 +21,9 @@ class GenerativeChunkActing:
     """Acting for agents whose `actor` is a generative chunk policy (diffusion or flow)."""
 
     @torch.no_grad()
-    def act_chunk(self, obs_seq: np.ndarray, deterministic: bool = False) -> np.ndarray:
-        return self.actor.act(np.asarray(obs_seq, np.float32), deterministic=deterministic)
+    def act_chunk(self, obs_seq: np.ndarray, deterministic: bool = False,
+                  generator: torch.Generator | None = None) -> np.ndarray:
+        return self.actor.act(np.asarray(obs_seq, np.float32), deterministic=deterministic, generator=generator)
 
     def act(self, obs, deterministic: bool = False) -> np.ndarray:
         """First action of a fresh chunk (for step-wise callers; the runner executes whole chunks)."""

@@ -147,13 +147,16 @@ class FQL(Agent):
 
     # -- acting ---------------------------------------------------------------------------------------
     @torch.no_grad()
-    def act_chunk(self, obs_seq: np.ndarray, deterministic: bool = False) -> np.ndarray:
-        """[B, h, A] chunks for [B, 1, obs] (or [B, obs]) observations: the extracted policy."""
+    def act_chunk(self, obs_seq: np.ndarray, deterministic: bool = False,
+                  generator: torch.Generator | None = None) -> np.ndarray:
+        """[B, h, A] chunks for [B, 1, obs] (or [B, obs]) observations: the extracted policy. A given
+        `generator` supplies fresh noise per call (evaluation, as FQL and QC evaluate)."""
         obs = torch.as_tensor(np.asarray(obs_seq, np.float32), device=self.device)
         obs = obs[:, -1] if obs.ndim == 3 else obs
         # fixed noise from a local generator: evaluation is a function of the observation, and no global
         # (CPU or CUDA) RNG stream is touched
-        generator = torch.Generator(device=self.device).manual_seed(0) if deterministic else None
+        if generator is None and deterministic:
+            generator = torch.Generator(device=self.device).manual_seed(0)
         return self.policy_chunks(obs, generator=generator).float().cpu().numpy()
 
     def act(self, obs, deterministic: bool = False) -> np.ndarray:

@@ -115,6 +115,13 @@ def test_act_shapes(name):
             chunk = agent.act_chunk(history, deterministic=deterministic)
             assert chunk.dtype == np.float32 and chunk.shape == (B, rows, ACT)
             assert np.isfinite(chunk).all() and np.abs(chunk).max() <= 1.0 + 1e-6
+        # evaluation's mode: noise from a given stream, fresh at every call and repeatable per seed. A
+        # fixed draw per batch row (the old evaluation) made success depend on the eval's batch width.
+        stream = torch.Generator().manual_seed(7)
+        first, second = (agent.act_chunk(history, deterministic=True, generator=stream) for _ in range(2))
+        assert not np.allclose(first, second)
+        np.testing.assert_array_equal(agent.act_chunk(history, deterministic=True,
+                                                      generator=torch.Generator().manual_seed(7)), first)
 
 
 @pytest.mark.parametrize("name", NAMES)

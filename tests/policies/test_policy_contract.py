@@ -89,6 +89,30 @@ def test_act_and_sample_shapes(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_a_noise_stream_gives_fresh_repeatable_draws_to_the_policies_that_draw_noise(name):
+    """`act(obs, generator=g)`: what evaluation and the policy server call. Policies that sample even when
+    acting deterministically (diffusion, flow, MPPI) draw fresh noise from g at every call, the same
+    sequence for the same seed; the Gaussian's mean and the VLA's L1 (parallel) head need none."""
+    policy = build(name, fit=False)
+    obs = observations()
+
+    def two_calls(seed):
+        stream = torch.Generator().manual_seed(seed)
+        reset(policy)
+        first = policy.act(obs, generator=stream)
+        reset(policy)
+        return first, policy.act(obs, generator=stream)
+
+    first, second = two_calls(3)
+    assert first.shape == (B, first.shape[1], ACT)
+    np.testing.assert_array_equal(np.stack(two_calls(3)), np.stack([first, second]))
+    if name == "gaussian" or getattr(policy, "head", "flow") != "flow":
+        np.testing.assert_array_equal(first, second)
+    else:
+        assert not np.allclose(first, second)
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_a_state_of_the_wrong_width_is_refused_not_read_as_a_batch(name):
     """A [2 * obs_dim] vector used to be reshaped into a batch of two (the gaussian policy acted on it)."""
     policy = build(name, fit=False)

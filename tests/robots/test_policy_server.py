@@ -410,6 +410,25 @@ def test_spec_of_a_chunk_policy_reports_its_horizon():
         srv.close()
 
 
+def test_a_generative_policy_samples_fresh_noise_per_chunk_from_a_seeded_stream():
+    """A flow policy acting 'deterministically' with one fixed noise draw replays the same sample for every
+    chunk; the server draws fresh noise per request from a stream seeded by `noise_seed`."""
+    flow = policies.make("flow", obs_dim=5, act_dim=3, pred_horizon=4, denoiser_kwargs={"hidden": (16,)})
+
+    def chunks(seed):
+        srv = PolicyServer(flow, noise_seed=seed, action_map=ActionMap("absolute", dof=2))
+        try:
+            return [srv.handle(pack({"type": "infer", "id": i, "obs": {"observation.state": np.zeros(5, np.float32)},
+                                     "obs_step": i, "t_obs_s": 0.0}))["chunk"] for i in range(2)]
+        finally:
+            srv.close()
+
+    first, second = chunks(0)
+    assert not np.allclose(first, second)                            # the same observation, a fresh sample
+    np.testing.assert_array_equal(np.stack(chunks(0)), np.stack([first, second]))   # the stream repeats
+    assert not np.allclose(chunks(1)[0], first)
+
+
 def test_late_chunks_are_dropped_by_the_client(server):
     client = PolicyClient(server.address, token="s3cret", max_age_ms=50)
     client.request(obs(), 1, t_obs_s=time.monotonic() - 1.0)        # the observation is already 1 s old
