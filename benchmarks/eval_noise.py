@@ -63,6 +63,7 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=10_000, help="first eval start state (the runner's, seed 0)")
     parser.add_argument("--widths", type=int, nargs="+", default=[5, 25])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON goes")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,8 +80,8 @@ def main(argv=None) -> None:
     record = {"benchmark": "eval_noise", "cpu": cpu_info(), "load_1min": os.getloadavg()[0],
               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "policy": args.policy or f"{args.algo} {args.steps} steps",
               "env": args.env, "dataset": args.dataset, "episodes": args.episodes, "seed": args.seed, "rows": rows}
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"eval_noise-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / f"eval_noise-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(record, indent=2))
     print(f"wrote {out}")
     fixed = [r["success"] for r in rows if r["noise"] == "fixed"]

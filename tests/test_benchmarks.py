@@ -64,3 +64,19 @@ def test_training_episodes_rejects_a_directory_without_runs(tmp_path):
     result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "training_episodes.py"), str(tmp_path)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "no metrics.jsonl under" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_eval_noise_runs_both_noise_modes_on_a_saved_policy(tmp_path, run_benchmark):
+    import policies
+    import sims
+
+    spec = sims.spec("cube-single")
+    obs_dim, act_dim = spec.obs_dim, spec.act_dim
+    policies.make("flow", obs_dim=obs_dim, act_dim=act_dim, pred_horizon=5, execute_horizon=5,
+                  denoiser_kwargs={"hidden": (16,)}).save(tmp_path / "policy")
+    out = run_benchmark("eval_noise.py", "--policy", str(tmp_path / "policy"), "--episodes", "2", "--widths", "1", "2",
+                        "--out", str(tmp_path)).stdout
+    record = json.loads(next(tmp_path.glob("eval_noise-*.json")).read_text())
+    assert [(r["noise"], r["width"]) for r in record["rows"]] == [("fixed", 1), ("fixed", 2), ("fresh", 1), ("fresh", 2)]
+    assert all(0.0 <= r["success"] <= 1.0 for r in record["rows"]) and "spread across widths" in out
+
