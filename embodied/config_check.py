@@ -324,6 +324,18 @@ def check_config(cfg: DictConfig) -> None:
     _check_agents(cfg, resolved)
     if cfg.env.name not in sims.names():
         raise value_error("env.name", cfg.env.name, Rule("choice", choices=tuple(sims.names())))
+    tasks = cfg.env.get("tasks")
+    if tasks is not None and cfg.algo.offline_algo != "vla_bc":
+        raise ConfigError(f"env.tasks={list(tasks)} makes a multi-task suite, which only algo=vla_bc trains; "
+                          f"pick env={cfg.env.name} (one task) for algo={cfg.algo.name}")
+    if cfg.algo.offline_algo == "vla_bc":
+        import sims.manip as manip
+
+        n = manip.suite_of(cfg.env.name).num_tasks if cfg.env.name in manip.MANIP_NAMES else 0
+        if not n or not tasks or any(not isinstance(t, int) or not 1 <= t <= n for t in tasks):
+            raise ConfigError(f"algo=vla_bc needs a manipulation suite with env.tasks in 1..{n or 5}, got "
+                              f"env={cfg.env.name} env.tasks={None if tasks is None else list(tasks)}: "
+                              "pick env=cube-single-suite, cube-double-suite or scene-suite")
 
 
 def _check_unknown_keys(resolved: dict, flat: dict) -> None:

@@ -81,6 +81,12 @@ class ChunkActor:
         return self.next_action()
 
 
+def stack_observations(observations: list[dict]) -> dict:
+    """Observation dicts -> one batch: arrays stacked on a new first axis, strings (instructions) as a list."""
+    return {key: [o[key] for o in observations] if isinstance(value, str) else np.stack([o[key] for o in observations])
+            for key, value in observations[0].items()}
+
+
 def step_chunks(policy: BatchPolicy) -> ChunkPolicy:
     """A step policy as a chunk policy with To = H = 1."""
     return lambda obs_seq: np.asarray(policy(obs_seq[:, -1]), np.float32)[:, None]
@@ -89,15 +95,19 @@ def step_chunks(policy: BatchPolicy) -> ChunkPolicy:
 def evaluate(env_name: str, policy: BatchPolicy | None, episodes: int, seed: int, gamma: float = 0.99,
              reward_transform: Callable[[np.ndarray], np.ndarray] = lambda r: r, env_kwargs: dict | None = None,
              chunk_policy: ChunkPolicy | None = None, obs_horizon: int = 1, execute_horizon: int = 1,
-             max_envs: int | None = None) -> EvalResult:
+             max_envs: int | None = None, full_obs: bool = False) -> EvalResult:
     """Run `episodes` episodes in lock-step, one batched policy call for every env that needs an action.
 
     Pass a step `policy` ([B, obs] -> [B, A]), or a `chunk_policy` ([B, To, obs] -> [B, H, A]) with its
     horizons: each env executes its chunk open-loop and asks for the next one after `execute_horizon`
     actions. At most `max_envs` envs exist at once (episodes run in waves; a manipulation env holds
-    ~100 MB); None runs every episode at once. Deterministic acting is the caller's choice."""
+    ~100 MB); None runs every episode at once. Deterministic acting is the caller's choice.
+    `full_obs`: the chunk policy gets the envs' whole observation dicts batched (state, camera frames,
+    the instruction: what a VLA reads) instead of state histories; it needs obs_horizon 1."""
     if (policy is None) == (chunk_policy is None):
         raise TypeError("evaluate takes exactly one of policy= and chunk_policy=")
+    if full_obs and (chunk_policy is None or obs_horizon != 1):
+        raise TypeError("full_obs=True takes a chunk_policy with obs_horizon=1")
     if chunk_policy is None:
         chunk_policy, obs_horizon, execute_horizon = step_chunks(policy), 1, 1
     width = max(1, min(episodes, max_envs or episodes))
@@ -107,13 +117,17 @@ def evaluate(env_name: str, policy: BatchPolicy | None, episodes: int, seed: int
     for first in range(0, episodes, width):
         wave = list(range(first, min(first + width, episodes)))
         actors = [ChunkActor(None, obs_horizon, execute_horizon) for _ in wave]
-        states = [envs[j].reset(seed=seed + i)[0][STATE_KEY] for j, i in enumerate(wave)]
+        latest = [envs[j].reset(seed=seed + i)[0] for j, i in enumerate(wave)]
+        states = [obs[STATE_KEY] for obs in latest]
         alive = np.ones(len(wave), bool)
         while alive.any():
             index = np.flatnonzero(alive)
             need = [j for j in index if actors[j].observe(states[j])]  # histories first, then one batched call
             if need:
-                chunks = chunk_policy(np.stack([np.stack(actors[j].history) for j in need]))
+                if full_obs:
+                    chunks = chunk_policy(stack_observations([latest[j] for j in need]))
+                else:
+                    chunks = chunk_policy(np.stack([np.stack(actors[j].history) for j in need]))
                 for row, j in enumerate(need):
                     actors[j].push(chunks[row])
             for j in index:
@@ -126,7 +140,7 @@ def evaluate(env_name: str, policy: BatchPolicy | None, episodes: int, seed: int
                 returns[i] += reward
                 lengths[i] += 1
                 successes[i] |= bool(info.get("success", False))
-                states[j] = obs[STATE_KEY]
+                states[j], latest[j] = obs[STATE_KEY], obs
                 if terminated or truncated:
                     alive[j] = False
     ep_states, ep_actions, ep_rewards = zip(*traj)

@@ -60,6 +60,21 @@ def load_dataset(cfg: DictConfig):
                                 progress=cfg.progress)
 
 
+def load_suite_demos(cfg: DictConfig, rcfg):
+    """algo=vla_bc: `dataset.size` image demos per task of the suite (`env.tasks`), rendered with the
+    policy's cameras."""
+    from embodied import agents
+    from embodied.agents.vla_bc import suite_tasks
+    from embodied.data.suite import load_suite
+
+    if cfg.dataset.quality != "task" or cfg.dataset.path or cfg.dataset.minari_id:
+        raise ConfigError(f"algo=vla_bc learns from the suite's generated task demos, not dataset.quality="
+                          f"{cfg.dataset.quality}{' or a dataset file' if cfg.dataset.path else ''}: pass dataset=task")
+    agent_cfg = agents.make_config("vla_bc", rcfg.offline_agent)
+    return load_suite(cfg.env.name, suite_tasks(cfg.env.get("tasks")), cfg.dataset.size, cfg.dataset.seed,
+                      agent_cfg.cameras, agent_cfg.image_size, progress=cfg.progress)
+
+
 def run(cfg: DictConfig, run_dir: Path, on_start=None) -> dict:
     """Run one experiment into `run_dir`; returns the summary dict (also written to summary.json).
 
@@ -87,17 +102,21 @@ def run(cfg: DictConfig, run_dir: Path, on_start=None) -> dict:
         attempt = 1 + len(list(run_dir.glob("metrics.before-restart-*.jsonl")))
         (run_dir / "metrics.jsonl").rename(run_dir / f"metrics.before-restart-{attempt}.jsonl")
     needs_data = bool(cfg.algo.offline_algo) or cfg.algo.offline_ratio > 0
-    dataset = load_dataset(cfg) if needs_data else None
+    vla = rcfg.offline_algo == "vla_bc"
+    dataset = load_suite_demos(cfg, rcfg) if vla else load_dataset(cfg) if needs_data else None
     resolved = OmegaConf.to_container(cfg, resolve=True)
     if not (cfg.resume and (run_dir / "config.yaml").exists()):  # a resumed run keeps the copy it started with
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     with RunLogger(run_dir, resolved, wandb_mode=cfg.logger.mode, project=cfg.logger.project,
                    group=cfg.logger.group, name=f"{cfg.env.name}-{cfg.algo.name}-s{cfg.seed}",
                    enabled_wandb=cfg.logger.wandb) as logger:
-        runner_cls = Runner
+        runner_cls, extra = Runner, {}
         if rcfg.online_algo == "dppo":  # on-policy fine-tuning with vectorised envs: its own online loop
             from embodied.agents.dppo import DPPORunner as runner_cls
-        extra = {}
+        if vla:  # a suite's image demos and a per-task evaluator
+            from embodied.agents.vla_bc import VLARunner as runner_cls
+
+            extra["tasks"] = list(cfg.env.tasks)
         if rcfg.world_model.get("dataset"):  # DiWA: the world model learns from its own dataset (e.g. play)
             from embodied.data import catalog
 
@@ -135,6 +154,8 @@ def print_result(summary: dict) -> None:
     print("|---|---|---|---|---|")
     print(f"| {fmt(summary['offline_score'])} | {fmt(summary['online_score'])} | {fmt(summary['best_score'])} "
           f"| {fmt(summary['dip'])} | {fmt(summary['dip_after_learning_starts'])} |")
+    if summary.get("task_success"):
+        print("success per task: " + ", ".join(f"task {t}: {s:.2f}" for t, s in summary["task_success"].items()))
     if summary.get("online_success") is not None:
         offline = summary.get("offline_success")
         print(f"success rate: {'-' if offline is None else f'{offline:.2f}'} -> {summary['online_success']:.2f}")

@@ -62,7 +62,8 @@ def minilm_encoder() -> TextEncoder:
     model = _MINILM
 
     def encode(texts: list[str]) -> np.ndarray:
-        return np.asarray(model.encode(list(texts), convert_to_numpy=True, normalize_embeddings=True), np.float32)
+        return np.asarray(model.encode(list(texts), convert_to_numpy=True, normalize_embeddings=True,
+                                       show_progress_bar=False), np.float32)
 
     return encode
 

@@ -106,7 +106,8 @@ def test_every_shipped_preset_passes_the_checks():
 
     for experiment in ("smoke", "default"):
         for preset in group_options("algo"):
-            check_config(compose_train([f"algo={preset}", f"experiment={experiment}"]))
+            suite = ["env=cube-single-suite", "dataset=task"] if preset == "vla_bc" else []
+            check_config(compose_train([f"algo={preset}", f"experiment={experiment}", *suite]))
     for env in ("hopper", "cube-single"):
         check_config(compose_train([f"env={env}", "dataset=" + ("task" if env == "cube-single" else "medium")]))
 

@@ -17,7 +17,7 @@ import sims
 from embodied.train import CONF_DIR, GROUPS, group_options, run
 
 REPO = Path(__file__).resolve().parents[1]
-PRESETS = group_options("algo")
+PRESETS = [p for p in group_options("algo") if p != "vla_bc"]  # vla_bc trains on a suite: tests/agents/test_vla_bc.py
 
 
 def compose_train(overrides: list[str]):

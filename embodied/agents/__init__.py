@@ -28,6 +28,7 @@ _AGENTS = {
     "qc_fql": ("embodied.agents.fql:FQL", "embodied.agents.qchunk:QCConfig", {"extraction": "distill"}),
     "dppo": ("embodied.agents.dppo:DPPO", "embodied.agents.dppo:DPPOConfig", {}),   # online phase of dppo.DPPORunner
     "tdmpc2": ("embodied.agents.tdmpc2:TDMPC2", "embodied.agents.tdmpc2:TDMPC2Config", {}),  # world model + MPPI
+    "vla_bc": ("embodied.agents.vla_bc:VLABC", "embodied.agents.vla_bc:VLABCConfig", {}),  # images + language
 }
 
 
@@ -48,7 +49,7 @@ def config_class(name: str):
 # loss; "sac" swaps the loss to SAC on the pretrained networks (WSRL, naive, Cal-QL -> SAC); "dppo" runs
 # PPO through a pretrained diffusion policy's denoising chain. Without pretraining any agent may learn online.
 SWITCHES = {
-    "same": {"cql", "calql", "iql", "bc", "bc_diffusion", "bc_flow", "fql", "qc", "qc_fql", "tdmpc2"},
+    "same": {"cql", "calql", "iql", "bc", "bc_diffusion", "bc_flow", "fql", "qc", "qc_fql", "tdmpc2", "vla_bc"},
     "sac": {"cql", "calql", "iql", "bc", "sac"},
     "dppo": {"bc_diffusion"},
 }
