@@ -179,22 +179,25 @@ def eval_envs(env_name: str, episodes: int, env_kwargs: dict | None = None) -> l
 
 
 def record_video(env_name: str, policy: BatchPolicy, path: str | Path, episodes: int = 2, seed: int = 0,
-                 size: int = 128, fps: int = 30, max_steps: int | None = None) -> Path | None:
-    """Render a few episodes into one mp4. Returns None (with a warning) when no GL backend works."""
+                 size: int = 128, fps: int = 30, max_steps: int | None = None, env_kwargs: dict | None = None,
+                 full_obs: bool = False) -> Path | None:
+    """Render a few episodes into one mp4. Returns None (with a warning) when no GL backend works.
+    `full_obs`: the policy gets the observation dict as a batch of one (frames, instruction), not [1, obs]."""
     import imageio.v2 as imageio
     import warnings
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        env = sims.make(env_name, render=True, render_size=size)
+        env = sims.make(env_name, render=True, render_size=size, **(env_kwargs or {}))
         frames = []
         for episode in range(episodes):
             obs, _ = env.reset(seed=seed + episode)
             frames.append(env.render())
             done, steps = False, 0
             while not done and (max_steps is None or steps < max_steps):
-                action = np.asarray(policy(obs[STATE_KEY][None]))[0]
+                query = stack_observations([obs]) if full_obs else obs[STATE_KEY][None]
+                action = np.asarray(policy(query))[0]
                 obs, _, terminated, truncated, _ = env.step(action)
                 frames.append(env.render())
                 done, steps = terminated or truncated, steps + 1

@@ -26,7 +26,7 @@ from embodied.agents.base import Agent
 from embodied.agents.runner import Runner
 from embodied.constants import STATE_KEY
 from embodied.errors import ConfigError
-from embodied.evaluation import evaluate
+from embodied.evaluation import ChunkActor, evaluate, record_video
 
 
 @dataclass
@@ -119,12 +119,29 @@ class VLARunner(Runner):
 
     def __init__(self, cfg, dataset, run_dir, logger, *, tasks, progress: bool = True, envs=None):
         self.tasks = suite_tasks(tasks)
-        cfg = dataclasses.replace(cfg, video_episodes=0)  # the state-only video recorder cannot drive a VLA
+        self.videos_per_task = cfg.video_episodes  # recorded per task in _finish, from the policy's own inputs
+        cfg = dataclasses.replace(cfg, video_episodes=0)
         super().__init__(cfg, dataset, run_dir, logger, progress=progress, envs=envs)
 
     def _offline_buffer(self):
         self.dataset.seed(self.cfg.seed + 2)
         return self.dataset
+
+    def _env_kwargs(self, task: int) -> dict:
+        agent_cfg = self.agent.cfg
+        return dict(task_id=task, images=tuple(agent_cfg.cameras), image_size=agent_cfg.image_size, language=True)
+
+    def _task_policy(self, seed: int):
+        """A per-step policy over observation dicts (one env): chunks executed open-loop, fresh noise."""
+        agent = self.agent
+        stream = torch.Generator(device=agent.device).manual_seed(seed)
+        actor = ChunkActor(None, 1, agent.execute_horizon)
+
+        def act(obs: dict) -> np.ndarray:
+            if actor.observe(obs[STATE_KEY][0]):
+                actor.push(agent.act_chunk(obs, deterministic=True, generator=stream)[0])
+            return actor.next_action()[None]
+        return act
 
     def evaluate(self, step: int, total_step: int) -> dict:
         cfg, agent = self.cfg, self.agent
@@ -132,8 +149,7 @@ class VLARunner(Runner):
         for task in self.tasks:
             seed = cfg.seed * 1000 + 10_000 + 100 * task   # the same start states at every eval
             stream = torch.Generator(device=agent.device).manual_seed(seed)
-            kwargs = dict(task_id=task, images=tuple(agent.cfg.cameras), image_size=agent.cfg.image_size,
-                          language=True)
+            kwargs = self._env_kwargs(task)
             result = evaluate(cfg.env, None, cfg.eval_episodes, seed=seed, gamma=cfg.gamma,
                               reward_transform=self.rewards, env_kwargs=kwargs,
                               chunk_policy=lambda obs: agent.act_chunk(obs, deterministic=True, generator=stream),
@@ -156,4 +172,12 @@ class VLARunner(Runner):
         last = self.eval_history[-1]
         summary["tasks"] = self.tasks
         summary["task_success"] = {t: last[f"eval/task{t}/success"] for t in self.tasks}
+        if self.videos_per_task > 0:
+            summary["videos"] = {}
+            for task in self.tasks:
+                seed = self.cfg.seed * 1000 + 10_000 + 100 * task   # the eval's first start state
+                path = record_video(self.cfg.env, self._task_policy(seed), self.run_dir / "videos" / f"task{task}.mp4",
+                                    episodes=1, seed=seed, size=self.cfg.video_size, env_kwargs=self._env_kwargs(task),
+                                    full_obs=True)
+                summary["videos"][task] = str(path) if path else None
         return summary

@@ -62,10 +62,13 @@ def test_vla_bc_pretrains_on_two_tasks_and_saves_a_deployable_policy(head, tmp_p
     cfg = compose_train(["algo=vla_bc", "env=cube-single-suite", "env.tasks=[1,2]", "dataset=task",
                          "dataset.size=300", "budget.offline_steps=6", "budget.online_steps=0", "budget.batch_size=8",
                          "eval.episodes=1", "eval.every_offline=6", "logger=jsonl", "progress=false", "threads=1",
-                         "checkpoint.every=0", f"algo.offline_agent.head={head}", *TINY])
+                         "checkpoint.every=0", "eval.video_episodes=1", "eval.video_size=64",
+                         f"algo.offline_agent.head={head}", *TINY])
     summary = run(cfg, tmp_path / "run")
     assert summary["tasks"] == [1, 2] and set(summary["task_success"]) == {1, 2}
     assert all(0.0 <= s <= 1.0 for s in summary["task_success"].values())
+    for task in (1, 2):                                   # one rollout video per task, driven by the VLA
+        assert (tmp_path / "run" / "videos" / f"task{task}.mp4").stat().st_size > 1000
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     evals = [line for line in lines if line["kind"] == "eval"]
     assert [e["step"] for e in evals if e["phase"] == "offline"] == [0, 6]
