@@ -117,12 +117,11 @@ def evaluate(env_name: str, policy: BatchPolicy | None, episodes: int, seed: int
     for first in range(0, episodes, width):
         wave = list(range(first, min(first + width, episodes)))
         actors = [ChunkActor(None, obs_horizon, execute_horizon) for _ in wave]
-        latest = [envs[j].reset(seed=seed + i)[0] for j, i in enumerate(wave)]
-        states = [obs[STATE_KEY] for obs in latest]
+        latest = [envs[j].reset(seed=seed + i)[0] for j, i in enumerate(wave)]  # each env's observation dict
         alive = np.ones(len(wave), bool)
         while alive.any():
             index = np.flatnonzero(alive)
-            need = [j for j in index if actors[j].observe(states[j])]  # histories first, then one batched call
+            need = [j for j in index if actors[j].observe(latest[j][STATE_KEY])]  # histories, then one batched call
             if need:
                 if full_obs:
                     chunks = chunk_policy(stack_observations([latest[j] for j in need]))
@@ -134,13 +133,13 @@ def evaluate(env_name: str, policy: BatchPolicy | None, episodes: int, seed: int
                 i = wave[j]
                 action = actors[j].next_action()
                 obs, reward, terminated, truncated, info = envs[j].step(action)
-                traj[i][0].append(np.asarray(states[j], np.float32).copy())
+                traj[i][0].append(np.asarray(latest[j][STATE_KEY], np.float32).copy())
                 traj[i][1].append(action)
                 traj[i][2].append(reward)
                 returns[i] += reward
                 lengths[i] += 1
                 successes[i] |= bool(info.get("success", False))
-                states[j], latest[j] = obs[STATE_KEY], obs
+                latest[j] = obs
                 if terminated or truncated:
                     alive[j] = False
     ep_states, ep_actions, ep_rewards = zip(*traj)

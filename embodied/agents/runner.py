@@ -186,11 +186,15 @@ class Runner:
         horizon = getattr(self.agent, "chunk_horizon", None)
         return source.sample(batch_size) if horizon is None else source.sample_chunks(batch_size, horizon)
 
+    def _eval_seed(self) -> int:
+        """The first eval start state: the same at every eval, so comparisons across evals are paired."""
+        return self.cfg.seed * 1000 + 10_000
+
     def _chunk_fn(self, seed: int):
         """Evaluation's chunk policy: fresh noise for every chunk, as Diffusion Policy, DPPO, FQL and QC
         evaluate, drawn from a stream seeded like the eval's start states so that evals stay paired. (A
-        fixed draw per batch row made success depend on the eval's batch width: 0.12 at 5 envs against
-        0.52 fresh on one bc_flow checkpoint.)"""
+        fixed draw per batch row made success depend on the eval's batch width: on one bc_flow checkpoint
+        0.08 at 5 envs and 0.52 at 25, against 0.62 at both fresh; benchmarks/eval_noise.py.)"""
         generator = torch.Generator(device=self.agent.device).manual_seed(seed)
         return lambda obs_seq: self.agent.act_chunk(obs_seq, deterministic=True, generator=generator)
 
@@ -202,7 +206,7 @@ class Runner:
         """A per-step policy for one env (videos): chunks executed open-loop, history kept."""
         if not is_chunked(self.agent):
             return self._deterministic
-        actor = ChunkActor(self._chunk_fn(self.cfg.seed * 1000 + 10_000), *self._horizons())
+        actor = ChunkActor(self._chunk_fn(self._eval_seed()), *self._horizons())
         return lambda states: actor(states[0])[None]
 
     def _sampler(self):
@@ -224,7 +228,7 @@ class Runner:
     def evaluate(self, step: int, total_step: int) -> dict:
         cfg = self.cfg
         self._new_episode()  # eval episodes start fresh; the online episode it interrupts restarts its plan too
-        seed = cfg.seed * 1000 + 10_000  # the same start states at every eval: comparisons across evals are paired
+        seed = self._eval_seed()
         obs_horizon, execute_horizon = self._horizons()
         chunked = is_chunked(self.agent)
         result = evaluate(cfg.env, None if chunked else self._deterministic, cfg.eval_episodes, seed=seed,
@@ -246,6 +250,9 @@ class Runner:
                 before = self.pretrained_actor.act(states, deterministic=True)[:, 0, :]
             metrics["switch/action_distance"] = float(np.mean(np.linalg.norm(now - before, axis=-1)))
         self._new_episode()
+        return self._record_eval(step, total_step, metrics)
+
+    def _record_eval(self, step: int, total_step: int, metrics: dict) -> dict:
         record = {"step": step, "total_step": total_step, "phase": self.phase, **metrics}
         self.eval_history.append(record)
         self.logger.log({**metrics, "total_step": total_step}, step=step, phase=self.phase, kind="eval")

@@ -23,7 +23,7 @@ import torch
 
 import policies
 from embodied.agents.base import Agent
-from embodied.agents.runner import Runner
+from embodied.agents.runner import CHUNK_EVAL_ENVS, Runner
 from embodied.constants import STATE_KEY
 from embodied.errors import ConfigError
 from embodied.evaluation import ChunkActor, evaluate, record_video
@@ -60,7 +60,6 @@ class VLABC(Agent):
                                    text_encoder=text, **dict(cfg.vla_kwargs)).to(self.device)
         self.optimizer = torch.optim.AdamW(self.actor.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.chunk_horizon, self.obs_horizon, self.execute_horizon = cfg.chunk, 1, cfg.chunk
-        self.full_obs = bool(cfg.cameras)   # the evaluator hands it whole observation dicts
 
     def fit_normalization(self, observations: np.ndarray, actions: np.ndarray) -> None:
         self.actor.fit_normalization(observations, actions)
@@ -131,30 +130,28 @@ class VLARunner(Runner):
         agent_cfg = self.agent.cfg
         return dict(task_id=task, images=tuple(agent_cfg.cameras), image_size=agent_cfg.image_size, language=True)
 
+    def _task_seed(self, task: int) -> int:
+        return self._eval_seed() + 100 * task
+
     def _task_policy(self, seed: int):
         """A per-step policy over observation dicts (one env): chunks executed open-loop, fresh noise."""
-        agent = self.agent
-        stream = torch.Generator(device=agent.device).manual_seed(seed)
-        actor = ChunkActor(None, 1, agent.execute_horizon)
+        chunk_fn, actor = self._chunk_fn(seed), ChunkActor(None, 1, self.agent.execute_horizon)
 
         def act(obs: dict) -> np.ndarray:
             if actor.observe(obs[STATE_KEY][0]):
-                actor.push(agent.act_chunk(obs, deterministic=True, generator=stream)[0])
+                actor.push(chunk_fn(obs)[0])
             return actor.next_action()[None]
         return act
 
     def evaluate(self, step: int, total_step: int) -> dict:
-        cfg, agent = self.cfg, self.agent
+        cfg = self.cfg
         metrics, successes, returns = {}, [], []
         for task in self.tasks:
-            seed = cfg.seed * 1000 + 10_000 + 100 * task   # the same start states at every eval
-            stream = torch.Generator(device=agent.device).manual_seed(seed)
-            kwargs = self._env_kwargs(task)
+            seed = self._task_seed(task)   # the same start states at every eval
             result = evaluate(cfg.env, None, cfg.eval_episodes, seed=seed, gamma=cfg.gamma,
-                              reward_transform=self.rewards, env_kwargs=kwargs,
-                              chunk_policy=lambda obs: agent.act_chunk(obs, deterministic=True, generator=stream),
-                              obs_horizon=1, execute_horizon=agent.execute_horizon, max_envs=5,
-                              full_obs=agent.full_obs)
+                              reward_transform=self.rewards, env_kwargs=self._env_kwargs(task),
+                              chunk_policy=self._chunk_fn(seed), obs_horizon=1,
+                              execute_horizon=self.agent.execute_horizon, max_envs=CHUNK_EVAL_ENVS, full_obs=True)
             task_metrics = result.metrics()
             metrics[f"eval/task{task}/success"] = task_metrics.get("eval/success", 0.0)
             metrics[f"eval/task{task}/return"] = task_metrics["eval/return"]
@@ -162,10 +159,7 @@ class VLARunner(Runner):
             returns.append(task_metrics["eval/return"])
         metrics.update({"eval/success": float(np.mean(successes)), "eval/return": float(np.mean(returns)),
                         "eval/score": float(np.mean(returns)), "eval/episodes": float(cfg.eval_episodes)})
-        record = {"step": step, "total_step": total_step, "phase": self.phase, **metrics}
-        self.eval_history.append(record)
-        self.logger.log({**metrics, "total_step": total_step}, step=step, phase=self.phase, kind="eval")
-        return record
+        return self._record_eval(step, total_step, metrics)
 
     def _finish(self) -> dict:
         summary = super()._finish()
@@ -175,7 +169,7 @@ class VLARunner(Runner):
         if self.videos_per_task > 0:
             summary["videos"] = {}
             for task in self.tasks:
-                seed = self.cfg.seed * 1000 + 10_000 + 100 * task   # the eval's first start state
+                seed = self._task_seed(task)   # the eval's first start state
                 path = record_video(self.cfg.env, self._task_policy(seed), self.run_dir / "videos" / f"task{task}.mp4",
                                     episodes=1, seed=seed, size=self.cfg.video_size, env_kwargs=self._env_kwargs(task),
                                     full_obs=True)
