@@ -225,7 +225,7 @@ AGENT_RULES: dict[str, Rule] = {
     "min_std": Float(0, low_open=True, example="0.1"), "clip_ratio": Float(0, low_open=True, example="0.01"),
     "clip_ratio_base": Float(0, low_open=True, example="0.001"), "gae_lambda": Float(0, 1, example="0.95"),
     "gamma_denoise": Float(0, 1, low_open=True, example="0.99"), "weight_decay": Float(0, example="1e-6"),
-    "grad_clip": Float(0, low_open=True, example="10"), "max_grad_norm": Float(0, low_open=True, example="1.0"),
+    "grad_clip": Float(0, example="10"), "max_grad_norm": Float(0, low_open=True, example="1.0"),
     "critic_warmup_iters": Int(0, example="2"), "vf_coef": Float(0, example="0.5"),
     "target_kl": Float(0, low_open=True, example="1.0"), "distill_weight": Float(0, example="1.0"),
     "critic_kernel_scale_final": Float(0, low_open=True, optional=True, example="0.01"),
@@ -336,6 +336,16 @@ def check_config(cfg: DictConfig) -> None:
             raise ConfigError(f"algo=vla_bc needs a manipulation suite with env.tasks in 1..{n or 5}, got "
                               f"env={cfg.env.name} env.tasks={None if tasks is None else list(tasks)}: "
                               "pick env=cube-single-suite, cube-double-suite or scene-suite")
+    variations = cfg.env.get("variations")
+    if variations is not None:
+        from sims.manip_variations import VARIATIONS
+
+        if tasks is None:
+            raise ConfigError(f"env.variations={list(variations)} are a suite's final eval sets: pick env=<name>-suite")
+        bad = [v for v in variations if v not in VARIATIONS]
+        if bad or not len(variations):
+            raise ConfigError(f"env.variations={list(variations)}: each one of {', '.join(VARIATIONS)} "
+                              "(e.g. env.variations=[none,paraphrase,positions,camera,lighting,distractor])")
 
 
 def _check_unknown_keys(resolved: dict, flat: dict) -> None:

@@ -117,6 +117,7 @@ def run(cfg: DictConfig, run_dir: Path, on_start=None) -> dict:
             from embodied.agents.vla_bc import VLARunner as runner_cls
 
             extra["tasks"] = list(cfg.env.tasks)
+            extra["variations"] = list(cfg.env.get("variations") or ["none"])
         if rcfg.world_model.get("dataset"):  # DiWA: the world model learns from its own dataset (e.g. play)
             from embodied.data import catalog
 

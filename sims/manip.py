@@ -13,7 +13,9 @@ info["subgoals"] is the per-sub-goal truth, in the order of `subgoals()`.
 
 Each env exposes `scene()`, `subgoals()`, `instruction(rng)`, `describe(pred, rng)` (reach them with
 `env.get_wrapper_attr(name)`), the OGBench env at `env.unwrapped`, and optionally image and language
-observations (`images=("front",)`, `image_size=64`, `language=True`).
+observations (`images=("front",)`, `image_size=64`, `language=True`). `variation=` picks an
+evaluation shift away from the training distribution (`sims.manip_variations`: held-out paraphrases,
+unseen start positions, a moved camera, changed lighting, a distractor).
 
 This module builds the envs (suites, the OGBench base env, the task and observation wrappers, the
 registry entries); `sims.manip_scene` reads their state (sub-goals, their truths, the scene),
@@ -34,6 +36,8 @@ from embodied.constants import TASK_KEY, image_key
 from embodied.errors import UserError
 from sims import wrappers
 from sims.manip_language import describe_predicate, instruction_text
+from sims.manip_variations import (IMAGE_VARIATIONS, apply_image_variation, check_variation, distractor_position,
+                                   draw_distractor, shift_start_positions)
 from sims.manip_scene import build_scene, task_subgoals
 from sims.registry import TaskSpec, register_task
 from sims.scene import Predicate, Scene
@@ -228,14 +232,19 @@ class ManipTask(gymnasium.Wrapper, RecordConstructorArgs):
     introspection and language. Observation: a flat float32 state (the registry wraps it in a dict)."""
 
     def __init__(self, env: gymnasium.Env, suite_name: str, task_id: int | None = None,
-                 goal_conditioned: bool = False, images: tuple = (), image_size: int = 64, language: bool = False):
+                 goal_conditioned: bool = False, images: tuple = (), image_size: int = 64, language: bool = False,
+                 variation: str = "none"):
         RecordConstructorArgs.__init__(self, suite_name=suite_name, task_id=task_id, goal_conditioned=goal_conditioned,
-                                       images=tuple(images), image_size=image_size, language=language)
+                                       images=tuple(images), image_size=image_size, language=language,
+                                       variation=variation)
         super().__init__(env)
         self.suite = SUITES[suite_name]
         self.goal_conditioned = goal_conditioned
         self.fixed_task = task_id
-        self.obs_options = dict(images=tuple(images), image_size=int(image_size), language=bool(language))
+        self.variation = check_variation(variation)
+        self.words = "heldout" if variation == "paraphrase" else "train"
+        self.obs_options = dict(images=tuple(images), image_size=int(image_size), language=bool(language),
+                                variation=variation)
         base = env.unwrapped
         if base._model is None:
             base.reset(seed=0)
@@ -263,6 +272,8 @@ class ManipTask(gymnasium.Wrapper, RecordConstructorArgs):
         else:
             obs, info = self.env.reset(seed=seed)
             self._task_id = self.env.unwrapped.cur_task_id
+        if self.variation == "positions":
+            obs = self._shift_start(seed)
         truths = self.subgoal_truths()
         self._initial_truths = truths
         info["subgoals"] = truths
@@ -279,6 +290,15 @@ class ManipTask(gymnasium.Wrapper, RecordConstructorArgs):
         info["success"] = success
         reward = float(truths.sum() - len(truths))
         return self._state(obs), reward, success, truncated, info
+
+    def _shift_start(self, seed) -> np.ndarray:
+        """variation=positions: move the cubes still to be moved out of the training start box."""
+        base = self.env.unwrapped
+        n_cubes = len(base._cube_target_mocap_ids)
+        pending = [i for i, done in enumerate(self.subgoal_truths()[:n_cubes]) if not done]
+        rng = np.random.default_rng(None if seed is None else [int(seed), 7])
+        shift_start_positions(base, pending or list(range(n_cubes)), rng)
+        return base.compute_observation()
 
     def _state(self, obs) -> np.ndarray:
         if self.goal_conditioned:
@@ -311,7 +331,7 @@ class ManipTask(gymnasium.Wrapper, RecordConstructorArgs):
         preds = self.subgoals()
         pending = [p for p, t in zip(preds, self._initial_truths if self._initial_truths is not None
                                      else np.zeros(len(preds), bool)) if not t]
-        return instruction_text(self.env.unwrapped, self.suite.kind, pending or preds, rng)
+        return instruction_text(self.env.unwrapped, self.suite.kind, pending or preds, rng, self.words)
 
     def current_instruction(self) -> str:
         """The paraphrase chosen at the last reset (what the `task` observation carries)."""
@@ -319,18 +339,26 @@ class ManipTask(gymnasium.Wrapper, RecordConstructorArgs):
 
     def describe(self, pred: Predicate | str, rng=None) -> str:
         pred = pred if isinstance(pred, Predicate) else Predicate.parse(pred)
-        return describe_predicate(self.env.unwrapped, self.suite.kind, pred, rng)
+        return describe_predicate(self.env.unwrapped, self.suite.kind, pred, rng, self.words)
 
 
 # ------------------------------------------------------------------------------------------ observation
 class ManipObservation(gymnasium.ObservationWrapper, RecordConstructorArgs):
     """Adds `observation.images.<camera>` (uint8 HWC, shadows/reflections off) and `task` (the
-    instruction) to the registry's {"observation.state": ...} dict."""
+    instruction) to the registry's {"observation.state": ...} dict; the image variations
+    (sims.manip_variations) change what the cameras see."""
 
-    def __init__(self, env: gymnasium.Env, images: tuple = (), image_size: int = 64, language: bool = False):
-        RecordConstructorArgs.__init__(self, images=tuple(images), image_size=image_size, language=language)
+    def __init__(self, env: gymnasium.Env, images: tuple = (), image_size: int = 64, language: bool = False,
+                 variation: str = "none"):
+        RecordConstructorArgs.__init__(self, images=tuple(images), image_size=image_size, language=language,
+                                       variation=variation)
         super().__init__(env)
         self.images, self.image_size, self.language = tuple(images), int(image_size), bool(language)
+        self.variation = check_variation(variation)
+        self._distractor_pos = None
+        if self.variation in IMAGE_VARIATIONS and not self.images:
+            raise UserError(f"variation={variation} changes camera frames: pass images=('front',) too")
+        apply_image_variation(env.unwrapped.model, self.variation)
         obs_spaces = dict(env.observation_space.spaces)
         self._renderer = None
         if self.images:
@@ -347,11 +375,20 @@ class ManipObservation(gymnasium.ObservationWrapper, RecordConstructorArgs):
             obs_spaces[TASK_KEY] = spaces.Text(max_length=1000, charset=string.printable)
         self.observation_space = spaces.Dict(obs_spaces)
 
+    def reset(self, *, seed=None, options=None):
+        obs, info = self.env.reset(seed=seed, options=options)
+        if self.variation == "distractor":
+            rng = np.random.default_rng(None if seed is None else [int(seed), 11])
+            self._distractor_pos = distractor_position(self.env.unwrapped, rng)
+        return self.observation(obs), info
+
     def observation(self, observation):
         if self._renderer is not None:
             data = self.env.unwrapped._data
             for cam in self.images:
                 self._renderer.update_scene(data, camera=cam)
+                if self._distractor_pos is not None:
+                    draw_distractor(self._renderer.scene, self._distractor_pos)
                 observation[image_key(cam)] = self._renderer.render()
         if self.language:
             observation[TASK_KEY] = self.env.get_wrapper_attr("current_instruction")()
@@ -366,17 +403,17 @@ class ManipObservation(gymnasium.ObservationWrapper, RecordConstructorArgs):
 
 def _finish(env: gymnasium.Env) -> gymnasium.Env:
     options = env.get_wrapper_attr("obs_options")
-    if options["images"] or options["language"]:
+    if options["images"] or options["language"] or options["variation"] in IMAGE_VARIATIONS:
         env = ManipObservation(env, **options)
     return env
 
 
 # ------------------------------------------------------------------------------------------ registration
 def build_manip(spec: TaskSpec, *, render_mode, render_size, task_id=None, images=(), image_size=64,
-                language=False, max_episode_steps=None, **kwargs) -> gymnasium.Env:
+                language=False, variation="none", max_episode_steps=None, **kwargs) -> gymnasium.Env:
     if kwargs:
         raise UserError(f"unknown option(s) {sorted(kwargs)} for {spec.name}: use task_id, images, image_size, "
-                        "language, max_episode_steps")
+                        "language, variation, max_episode_steps")
     goal = spec.name.endswith("-goal")
     suite = SUITES[spec.name[: -len("-goal")] if goal else spec.name]
     if isinstance(images, str):
@@ -395,7 +432,7 @@ def build_manip(spec: TaskSpec, *, render_mode, render_size, task_id=None, image
         env.unwrapped.reset(seed=0)
         check_gl(env.unwrapped.model)
     return ManipTask(env, suite.name, task_id=None if goal else int(task_id), goal_conditioned=goal,
-                     images=tuple(images), image_size=image_size, language=language)
+                     images=tuple(images), image_size=image_size, language=language, variation=check_variation(variation))
 
 
 def _spec(name: str, suite: Suite, goal: bool) -> TaskSpec:

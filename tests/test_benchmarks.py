@@ -80,3 +80,22 @@ def test_eval_noise_runs_both_noise_modes_on_a_saved_policy(tmp_path, run_benchm
     assert [(r["noise"], r["width"]) for r in record["rows"]] == [("fixed", 1), ("fixed", 2), ("fresh", 1), ("fresh", 2)]
     assert all(0.0 <= r["success"] <= 1.0 for r in record["rows"]) and "spread across widths" in out
 
+
+
+@pytest.mark.slow
+def test_vla_eval_sets_writes_each_set_and_adds_later_sets_to_the_same_file(tmp_path, run_benchmark):
+    import policies
+    from policies.vla import hash_text_encoder
+
+    policies.make("vla", obs_dim=28, act_dim=5, cameras=["front"], image_size=32, head="parallel",
+                  text_encoder=hash_text_encoder(), dim=32, depth=1, num_heads=2, channels=[8, 16], pool=2
+                  ).save(tmp_path / "policy")
+    out = tmp_path / "sets.json"
+    common = ["--policy", str(tmp_path / "policy"), "--tasks", "1", "--episodes", "1", "--out", str(out)]
+    run_benchmark("vla_eval_sets.py", *common, "--sets", "none", "distractor", timeout=600)
+    run_benchmark("vla_eval_sets.py", *common, "--sets", "paraphrase", timeout=600)
+    record = json.loads(out.read_text())
+    assert list(record["sets"]) == ["none", "distractor", "paraphrase"] and record["head"] == "parallel"
+    for row in record["sets"].values():
+        assert set(row["task_success"]) == {"1"} and 0.0 <= row["mean_success"] <= 1.0
+        assert 0.0 <= row["ci95"][0] <= row["mean_success"] <= row["ci95"][1] <= 1.0

@@ -89,7 +89,8 @@ class GenerativeBC(GenerativeChunkActing, Agent):
             metrics["distill_loss"] = distill.detach()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        metrics["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")   # 0: measure the norm, no clip
+        metrics["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         self.optimizer.step()
         if self.ema is not None:
             self.ema.step(self.model.parameters())

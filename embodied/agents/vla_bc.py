@@ -9,9 +9,11 @@ state and instruction with the next `chunk` actions (`embodied.data.suite`); the
 open-loop. Evaluation loops over the suite's tasks, each with its own rendered envs and instructions,
 and reports success per task.
 
-Optimiser: AdamW at OpenVLA-OFT's learning rate (5e-4) and gradient clip 1.0, no weight decay. OFT
-fine-tunes a pretrained 7B model with LoRA; here the whole small network trains from scratch (no vision
-weights ship), so the backbone sizes are CPU-sized counts, not OFT's.
+Optimiser, as in OpenVLA-OFT's vla-scripts/finetune.py: AdamW at lr 5e-4 with torch's default weight
+decay (0.01; OFT passes only the lr) and no gradient clipping (`grad_clip` is a knob; 0 = off). OFT
+decays the lr x0.1 at step 100k, past any budget here, so no schedule. OFT fine-tunes a pretrained 7B
+model with LoRA; here the whole small network trains from scratch (no vision weights ship), so the
+backbone sizes are CPU-sized counts, not OFT's.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from embodied.agents.runner import CHUNK_EVAL_ENVS, Runner
 from embodied.constants import STATE_KEY
 from embodied.errors import ConfigError
 from embodied.evaluation import ChunkActor, evaluate, record_video
+from sims.manip_variations import check_variation
 
 
 @dataclass
@@ -38,8 +41,8 @@ class VLABCConfig:
     vla_kwargs: dict = field(default_factory=dict)   # policies.vla.VLAPolicy sizes (dim, depth, channels, ...)
     text_encoder: str = "minilm"               # minilm (frozen all-MiniLM-L6-v2) | hash (tests: no model load)
     lr: float = 5e-4                           # OpenVLA-OFT
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
+    weight_decay: float = 0.01                 # torch AdamW's default, which OFT inherits
+    grad_clip: float = 0.0                     # OFT clips nothing; > 0 clips the global grad norm
     distill_weight: float = 1.0                # flow head with onestep_head: train the one-step head alongside
 
 
@@ -83,7 +86,8 @@ class VLABC(Agent):
             metrics["distill_loss"] = distill.detach()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        metrics["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), self.cfg.grad_clip)
+        clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")   # 0: measure the norm, no clip
+        metrics["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), clip)
         self.optimizer.step()
         self.actor.eval()
         return {k: float(v) for k, v in metrics.items()}
@@ -105,6 +109,33 @@ class VLABC(Agent):
         return {"optimizer": self.optimizer}
 
 
+def evaluate_tasks(env: str, tasks: list[int], chunk_fn, agent_cfg, episodes: int, task_seed, variation: str = "none",
+                   prefix: str = "eval", **evaluate_kwargs) -> dict:
+    """Success and return per task of a suite under one variation, and their means: `chunk_fn(seed)` is the
+    policy over batched observation dicts (fresh noise per chunk), `task_seed(task)` the first start seed.
+    Keys: `<prefix>/task<k>/success`, `<prefix>/task<k>/return`, `<prefix>/success`, `<prefix>/return`."""
+    metrics, successes, returns = {}, [], []
+    for task in tasks:
+        seed = task_seed(task)   # the same start states at every eval, and in every variation
+        result = evaluate(env, None, episodes, seed=seed, env_kwargs=suite_env_kwargs(agent_cfg, task, variation),
+                          chunk_policy=chunk_fn(seed), obs_horizon=1, execute_horizon=agent_cfg.chunk,
+                          max_envs=CHUNK_EVAL_ENVS, full_obs=True, **evaluate_kwargs)
+        task_metrics = result.metrics()
+        metrics[f"{prefix}/task{task}/success"] = task_metrics.get("eval/success", 0.0)
+        metrics[f"{prefix}/task{task}/return"] = task_metrics["eval/return"]
+        successes.append(metrics[f"{prefix}/task{task}/success"])
+        returns.append(task_metrics["eval/return"])
+    metrics.update({f"{prefix}/success": float(np.mean(successes)), f"{prefix}/return": float(np.mean(returns))})
+    return metrics
+
+
+def suite_env_kwargs(agent_cfg, task: int, variation: str = "none") -> dict:
+    """What a suite task's eval env needs for a VLA (a VLABCConfig or the VLA policy itself: both carry
+    `cameras` and `image_size`): its cameras at the model's size, and the instruction."""
+    return dict(task_id=task, images=tuple(agent_cfg.cameras), image_size=agent_cfg.image_size, language=True,
+                variation=variation)
+
+
 def suite_tasks(env_tasks) -> list[int]:
     tasks = [int(t) for t in (env_tasks or [])]
     if not tasks:
@@ -116,8 +147,10 @@ class VLARunner(Runner):
     """The runner's offline loop, checkpoints and summary, with the suite's image demos as the offline
     source and an evaluator that loops over the suite's tasks (rendered frames and instructions)."""
 
-    def __init__(self, cfg, dataset, run_dir, logger, *, tasks, progress: bool = True, envs=None):
+    def __init__(self, cfg, dataset, run_dir, logger, *, tasks, variations=("none",), progress: bool = True,
+                 envs=None):
         self.tasks = suite_tasks(tasks)
+        self.variations = [check_variation(v) for v in variations]  # the final eval's sets
         self.videos_per_task = cfg.video_episodes  # recorded per task in _finish, from the policy's own inputs
         cfg = dataclasses.replace(cfg, video_episodes=0)
         super().__init__(cfg, dataset, run_dir, logger, progress=progress, envs=envs)
@@ -126,9 +159,8 @@ class VLARunner(Runner):
         self.dataset.seed(self.cfg.seed + 2)
         return self.dataset
 
-    def _env_kwargs(self, task: int) -> dict:
-        agent_cfg = self.agent.cfg
-        return dict(task_id=task, images=tuple(agent_cfg.cameras), image_size=agent_cfg.image_size, language=True)
+    def _env_kwargs(self, task: int, variation: str = "none") -> dict:
+        return suite_env_kwargs(self.agent.cfg, task, variation)
 
     def _task_seed(self, task: int) -> int:
         return self._eval_seed() + 100 * task
@@ -143,22 +175,14 @@ class VLARunner(Runner):
             return actor.next_action()[None]
         return act
 
-    def evaluate(self, step: int, total_step: int) -> dict:
+    def _evaluate_tasks(self, variation: str, prefix: str) -> dict:
         cfg = self.cfg
-        metrics, successes, returns = {}, [], []
-        for task in self.tasks:
-            seed = self._task_seed(task)   # the same start states at every eval
-            result = evaluate(cfg.env, None, cfg.eval_episodes, seed=seed, gamma=cfg.gamma,
-                              reward_transform=self.rewards, env_kwargs=self._env_kwargs(task),
-                              chunk_policy=self._chunk_fn(seed), obs_horizon=1,
-                              execute_horizon=self.agent.execute_horizon, max_envs=CHUNK_EVAL_ENVS, full_obs=True)
-            task_metrics = result.metrics()
-            metrics[f"eval/task{task}/success"] = task_metrics.get("eval/success", 0.0)
-            metrics[f"eval/task{task}/return"] = task_metrics["eval/return"]
-            successes.append(metrics[f"eval/task{task}/success"])
-            returns.append(task_metrics["eval/return"])
-        metrics.update({"eval/success": float(np.mean(successes)), "eval/return": float(np.mean(returns)),
-                        "eval/score": float(np.mean(returns)), "eval/episodes": float(cfg.eval_episodes)})
+        return evaluate_tasks(cfg.env, self.tasks, self._chunk_fn, self.agent.cfg, cfg.eval_episodes, self._task_seed,
+                              variation, prefix, gamma=cfg.gamma, reward_transform=self.rewards)
+
+    def evaluate(self, step: int, total_step: int) -> dict:
+        metrics = self._evaluate_tasks("none", "eval")
+        metrics.update({"eval/score": metrics["eval/return"], "eval/episodes": float(self.cfg.eval_episodes)})
         return self._record_eval(step, total_step, metrics)
 
     def _finish(self) -> dict:
@@ -166,6 +190,16 @@ class VLARunner(Runner):
         last = self.eval_history[-1]
         summary["tasks"] = self.tasks
         summary["task_success"] = {t: last[f"eval/task{t}/success"] for t in self.tasks}
+        summary["variation_success"] = {"none": summary["task_success"]}
+        for variation in self.variations:
+            if variation == "none":
+                continue
+            metrics = self._evaluate_tasks(variation, f"final/{variation}")   # same start seeds as set (i)
+            last_step = last["step"]
+            self.logger.log({**metrics, "total_step": last["total_step"]}, step=last_step, phase=last["phase"],
+                            kind="eval")
+            summary["variation_success"][variation] = {t: metrics[f"final/{variation}/task{t}/success"]
+                                                       for t in self.tasks}
         if self.videos_per_task > 0:
             summary["videos"] = {}
             for task in self.tasks:

@@ -53,6 +53,10 @@ def test_a_suite_is_only_for_vla_bc_and_vla_bc_needs_a_suite():
     with pytest.raises(ConfigError, match=r"env.tasks in 1..5"):
         check_config(compose_train(["algo=vla_bc", "env=cube-single-suite", "dataset=task", "env.tasks=[1,9]"]))
     check_config(compose_train(["algo=vla_bc", "env=scene-suite", "dataset=task"]))
+    with pytest.raises(ConfigError, match="env.variations=.*each one of none, paraphrase"):
+        check_config(compose_train(["algo=vla_bc", "env=cube-single-suite", "dataset=task", "env.variations=[fog]"]))
+    check_config(compose_train(["algo=vla_bc", "env=cube-single-suite", "dataset=task",
+                                "env.variations=[none,paraphrase,positions,camera,lighting,distractor]"]))
 
 
 @pytest.mark.slow
@@ -63,7 +67,7 @@ def test_vla_bc_pretrains_on_two_tasks_and_saves_a_deployable_policy(head, tmp_p
                          "dataset.size=300", "budget.offline_steps=6", "budget.online_steps=0", "budget.batch_size=8",
                          "eval.episodes=1", "eval.every_offline=6", "logger=jsonl", "progress=false", "threads=1",
                          "checkpoint.every=0", "eval.video_episodes=1", "eval.video_size=64",
-                         f"algo.offline_agent.head={head}", *TINY])
+                         "env.variations=[none,lighting]", f"algo.offline_agent.head={head}", *TINY])
     summary = run(cfg, tmp_path / "run")
     assert summary["tasks"] == [1, 2] and set(summary["task_success"]) == {1, 2}
     assert all(0.0 <= s <= 1.0 for s in summary["task_success"].values())
@@ -71,8 +75,13 @@ def test_vla_bc_pretrains_on_two_tasks_and_saves_a_deployable_policy(head, tmp_p
         assert (tmp_path / "run" / "videos" / f"task{task}.mp4").stat().st_size > 1000
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     evals = [line for line in lines if line["kind"] == "eval"]
-    assert [e["step"] for e in evals if e["phase"] == "offline"] == [0, 6]
-    assert {"eval/task1/success", "eval/task2/success", "eval/success"} <= set(evals[-1])
+    periodic = [e for e in evals if "eval/success" in e]
+    assert [e["step"] for e in periodic if e["phase"] == "offline"] == [0, 6]
+    assert {"eval/task1/success", "eval/task2/success", "eval/success"} <= set(periodic[-1])
+    # the final eval's extra set: the same tasks and start seeds under changed lighting
+    assert set(summary["variation_success"]) == {"none", "lighting"}
+    assert set(summary["variation_success"]["lighting"]) == {1, 2}
+    assert {"final/lighting/task1/success", "final/lighting/success"} <= set(evals[-1]) and evals[-1]["total_step"] == 6
     # the saved policy reads what the env renders: frames, state and the instruction
     policy = policies.load(tmp_path / "run" / "policy")
     assert policy.head == head and policy.cameras == ["front"] and policy.chunk == 8

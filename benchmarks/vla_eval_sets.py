@@ -1,0 +1,82 @@
+"""Success per task of a saved VLA policy on the issue's evaluation sets, one set at a time:
+(i) `none`, the training distribution; (ii) `paraphrase`, held-out instructions; (iii) `positions`,
+unseen start positions; (iv) `camera`, `lighting`, `distractor` perturbations (sims/manip_variations.py).
+Every set uses the same start seeds as the runner's own eval (seed 0: 10,000 + 100 * task), so the
+sets are paired. Rendering dominates, so each finished set is written to the JSON at once: a killed
+run keeps what it finished, and `--sets` evaluates the rest later into the same file.
+
+    python benchmarks/vla_eval_sets.py --policy RUN/policy --env cube-single --episodes 20 \
+        --sets none paraphrase positions distractor lighting camera --out benchmarks/results/vla_eval_sets.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.machine import cpu_info, uptime  # noqa: E402
+
+import policies  # noqa: E402
+from embodied.agents.vla_bc import evaluate_tasks  # noqa: E402
+from sims.manip_variations import VARIATIONS  # noqa: E402
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> list[float]:
+    """95% Wilson interval of a success rate (sound at 0 and 1, unlike the normal approximation)."""
+    if n == 0:
+        return [0.0, 1.0]
+    p, denom = successes / n, 1 + z * z / n
+    centre, half = (p + z * z / (2 * n)) / denom, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return [round(max(0.0, centre - half), 3), round(min(1.0, centre + half), 3)]
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--policy", required=True, help="a saved VLA policy directory (RUN/policy)")
+    parser.add_argument("--env", default="cube-single", help="the suite's task name (cube-single, cube-double, scene)")
+    parser.add_argument("--tasks", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    parser.add_argument("--episodes", type=int, default=20)
+    parser.add_argument("--sets", nargs="+", default=list(VARIATIONS), choices=VARIATIONS)
+    parser.add_argument("--seed", type=int, default=0, help="the training run's seed: its eval start states")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    policy = policies.load(args.policy)
+    if not hasattr(policy, "cameras"):
+        raise SystemExit(f"--policy {args.policy}: not a VLA policy (no cameras); train one with algo=vla_bc")
+    result = json.loads(args.out.read_text()) if args.out.exists() else {}
+    result.update(policy=str(args.policy), env=args.env, head=policy.head, tasks=args.tasks, episodes=args.episodes,
+                  cpu=cpu_info(), threads=args.threads, command=" ".join(["python benchmarks/vla_eval_sets.py",
+                                                                             *(argv or sys.argv[1:])]))
+    result.setdefault("sets", {})
+    first_seed = lambda task: args.seed * 1000 + 10_000 + 100 * task      # VLARunner._task_seed
+
+    def chunk_fn(seed: int):
+        generator = torch.Generator().manual_seed(seed)
+        return lambda obs: policy.act(obs, deterministic=True, generator=generator)
+
+    for variation in args.sets:
+        start, load = time.time(), uptime()
+        metrics = evaluate_tasks(args.env, args.tasks, chunk_fn, policy, args.episodes, first_seed, variation, "e")
+        per_task = {str(t): metrics[f"e/task{t}/success"] for t in args.tasks}
+        wins = round(sum(per_task.values()) * args.episodes)
+        result["sets"][variation] = {
+            "task_success": per_task, "mean_success": round(metrics["e/success"], 3),
+            "ci95": wilson(wins, args.episodes * len(args.tasks)), "wall_s": round(time.time() - start, 1),
+            "load_before": load}
+        print(f"{variation:>11}: mean {metrics['e/success']:.2f} {result['sets'][variation]['ci95']}  per task "
+              f"{per_task}  ({time.time() - start:.0f} s)", flush=True)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
