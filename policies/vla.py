@@ -162,8 +162,11 @@ class VLAPolicy(Policy):
                  text_dim: int = 384, flow_steps: int = 10, n_bins: int = 256, shift_pad: int = 4,
                  augment: bool = True, sample_scale: float = 0.05, onestep_head: bool = False,
                  flow_sampler: str = "euler", onestep_hidden: Sequence[int] = (256, 256),
-                 text_encoder: TextEncoder | None = None):
+                 action_bounds: str = "q99", text_encoder: TextEncoder | None = None):
         super().__init__()
+        if action_bounds not in ("q99", "minmax"):
+            raise ConfigError(f"action_bounds={action_bounds!r}: choose q99 (OpenVLA-OFT's 1st-99th percentile "
+                              "bounds) or minmax")
         if head not in HEADS:
             raise ConfigError(f"head={head!r} is unknown; valid: {', '.join(HEADS)}")
         if dim % num_heads:
@@ -187,6 +190,7 @@ class VLAPolicy(Policy):
         self.augment, self.sample_scale = bool(augment), float(sample_scale)
         self.onestep_head = bool(onestep_head) and head == "flow"
         self.flow_sampler, self.onestep_hidden = flow_sampler, [int(h) for h in onestep_hidden]
+        self.action_bounds = action_bounds
         self.horizon = self.chunk  # rows per act() call (the policy server reads this)
         self._text_encoder = text_encoder
         self._text_cache: dict[str, torch.Tensor] = {}
@@ -231,12 +235,15 @@ class VLAPolicy(Policy):
                     pool=self.pool, film=self.film, text_dim=self.text_dim, flow_steps=self.flow_steps,
                     n_bins=self.n_bins, shift_pad=self.shift_pad, augment=self.augment,
                     sample_scale=self.sample_scale, onestep_head=self.onestep_head,
-                    flow_sampler=self.flow_sampler, onestep_hidden=list(self.onestep_hidden))
+                    flow_sampler=self.flow_sampler, onestep_hidden=list(self.onestep_hidden),
+                    action_bounds=self.action_bounds)
 
     # -- normalisation and tokenizer ---------------------------------------------------------------
     @torch.no_grad()
     def fit_normalization(self, observations: np.ndarray, actions: np.ndarray) -> None:
-        """State to zero mean / unit std; actions min-max to [-1, 1] per dimension (bins live there)."""
+        """State to zero mean / unit std; actions to [-1, 1] per dimension (bins live there) between the 1st
+        and 99th percentiles (`action_bounds=q99`, OpenVLA-OFT's BOUNDS_Q99; targets outside are clipped
+        in the loss) or the min and max (`minmax`)."""
         obs = torch.as_tensor(np.asarray(observations, np.float32)).reshape(-1, self.obs_dim)
         act = torch.as_tensor(np.asarray(actions, np.float32)).reshape(-1, self.act_dim)
         if len(obs) == 0 or len(act) == 0:
@@ -244,7 +251,11 @@ class VLAPolicy(Policy):
         std = obs.std(0) if len(obs) > 1 else torch.ones(self.obs_dim)
         self.obs_mean.copy_(obs.mean(0))
         self.obs_std.copy_(torch.where(std < 1e-6, torch.ones_like(std), std))
-        low, high = act.min(0).values, act.max(0).values
+        if self.action_bounds == "q99":
+            sample = act if len(act) <= 1_000_000 else act[torch.randperm(len(act))[:1_000_000]]  # quantile's limit
+            low, high = torch.quantile(sample, 0.01, dim=0), torch.quantile(sample, 0.99, dim=0)
+        else:
+            low, high = act.min(0).values, act.max(0).values
         flat = (high - low) < 1e-6
         self.act_low.copy_(torch.where(flat, low - 1.0, low))
         self.act_high.copy_(torch.where(flat, low + 1.0, high))

@@ -238,3 +238,20 @@ def test_bad_configs_raise_config_errors():
                    dict(cameras=["a", "b", "c"])):
         with pytest.raises(ConfigError):
             policies.make("vla", obs_dim=OBS, act_dim=ACT, **kwargs)
+
+
+def test_action_bounds_are_the_1st_and_99th_percentiles_by_default_and_survive_save_load(tmp_path):
+    rng = np.random.default_rng(0)
+    actions = rng.uniform(-0.5, 0.5, size=(10_000, ACT)).astype(np.float32)
+    actions[:5] = 40.0                                   # a few outliers: min-max bounds would follow them
+    states = rng.normal(size=(10_000, OBS)).astype(np.float32)
+    q99, minmax = build("parallel"), build("parallel", action_bounds="minmax")
+    q99.fit_normalization(states, actions), minmax.fit_normalization(states, actions)
+    np.testing.assert_allclose(q99.act_high.numpy(), np.quantile(actions, 0.99, axis=0), atol=1e-4)
+    np.testing.assert_allclose(q99.act_low.numpy(), np.quantile(actions, 0.01, axis=0), atol=1e-4)
+    np.testing.assert_allclose(minmax.act_high.numpy(), 40.0)
+    q99.save(tmp_path / "p")
+    loaded = policies.load(tmp_path / "p")
+    assert loaded.action_bounds == "q99" and torch.equal(loaded.act_high, q99.act_high)
+    with pytest.raises(Exception, match="action_bounds='p95': choose q99"):
+        build("parallel", action_bounds="p95")
