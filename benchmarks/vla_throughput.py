@@ -10,6 +10,8 @@ fusion transformer of the parallel one are copied into the other two, so only th
 machine hits every contender alike); the table and JSON give medians. Latency is per chunk call
 (`act` on a batch: text embeddings already cached, as in a rollout); actions/s = batch * chunk / latency.
 Goal (OFT's figure, reported, not enforced): parallel >= 26x the actions/s of AR at the same batch.
+`--train-batch B` (0 skips it) also times one training step per head (loss, backward, AdamW as in
+algo=vla_bc) at batch B in interleaved rounds, reported as seconds per 1,000 gradient steps.
 The JSON goes to benchmarks/results/vla_throughput-<date>.json.
 """
 from __future__ import annotations
@@ -63,6 +65,33 @@ def observations(args, batch: int, seed: int = 0) -> dict:
     return obs
 
 
+def training_cost(args, made: dict[str, VLAPolicy]) -> dict[str, float]:
+    """Median seconds per 1,000 gradient steps of each head at batch `args.train_batch` (interleaved rounds)."""
+    obs = observations(args, args.train_batch, seed=1)
+    obs[TASK_KEY] = [["open the drawer", "put the red cube on the blue one"][i % 2] for i in range(args.train_batch)]
+    actions = np.random.default_rng(2).uniform(-1, 1, (args.train_batch, args.chunk, args.act_dim)).astype(np.float32)
+    optimizers = {h: torch.optim.AdamW(p.parameters(), lr=5e-4, weight_decay=0.01) for h, p in made.items()}
+
+    def step(head: str) -> None:
+        policy = made[head].train()
+        loss = policy.loss(obs, actions)
+        optimizers[head].zero_grad(set_to_none=True)
+        loss.backward()
+        optimizers[head].step()
+        policy.eval()
+
+    for head in made:      # warm-up
+        step(head)
+    times: dict[str, list[float]] = {h: [] for h in made}
+    heads = list(made)
+    for r in range(args.train_rounds):
+        for head in heads[r % len(heads):] + heads[:r % len(heads)]:
+            start = time.perf_counter()
+            step(head)
+            times[head].append(time.perf_counter() - start)
+    return {h: 1e3 * statistics.median(t) for h, t in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=1)
@@ -80,10 +109,12 @@ def main() -> None:
                         help="text encoder (embeddings are cached before timing, so this only costs start-up)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true", help="5 rounds, 64 px images")
+    parser.add_argument("--train-batch", type=int, default=64, help="time training steps at this batch (0: skip)")
+    parser.add_argument("--train-rounds", type=int, default=10)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if args.quick:
-        args.rounds, args.image_size = min(args.rounds, 5), 64
+        args.rounds, args.image_size, args.train_rounds = min(args.rounds, 5), 64, min(args.train_rounds, 3)
     torch.set_num_threads(args.threads)
 
     text_encoder = None
@@ -124,6 +155,7 @@ def main() -> None:
               for b in args.batches}
     ratios.update({f"flow_over_ar_b{b}": by[("flow", b)]["actions_per_s"] / by[("ar", b)]["actions_per_s"]
                    for b in args.batches})
+    train_s_per_1k = training_cost(args, made) if args.train_batch > 0 else {}
     cpu = cpu_flags()
     print(f"cpu: {cpu['model']}  avx512_bf16: {'yes' if cpu['avx512_bf16'] else 'no'}  cores: {cpu['cores']}  "
           f"threads: {args.threads}  precision: fp32  device: {args.device}")
@@ -138,11 +170,14 @@ def main() -> None:
         ratio = ratios[f"parallel_over_ar_b{b}"]
         print(f"batch {b}: parallel/AR = {ratio:.1f}x  (goal >= {GOAL:.0f}x: {'met' if ratio >= GOAL else 'NOT met'})"
               f"; flow/AR = {ratios[f'flow_over_ar_b{b}']:.1f}x")
+    for head, seconds in train_s_per_1k.items():
+        print(f"training {head:<9} batch {args.train_batch}: {seconds:.0f} s per 1,000 gradient steps")
     result = dict(benchmark="vla_throughput", date=time.strftime("%Y-%m-%dT%H:%M:%S"), cpu=cpu, precision="fp32",
                   threads=args.threads, device=args.device, uptime=uptime, rounds=args.rounds,
                   config={k: v for k, v in vars(args).items() if k not in ("out",)}, rows=rows, ratios=ratios,
                   goal_parallel_over_ar=GOAL,
-                  params={h: p.num_parameters() for h, p in made.items()})
+                  params={h: p.num_parameters() for h, p in made.items()},
+                  train_batch=args.train_batch, train_s_per_1k_steps=train_s_per_1k)
     out = Path(args.out) if args.out else (Path(__file__).resolve().parent / "results" /
                                            f"vla_throughput-{time.strftime('%Y%m%d-%H%M%S')}.json")
     out.parent.mkdir(parents=True, exist_ok=True)

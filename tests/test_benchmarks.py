@@ -99,3 +99,14 @@ def test_vla_eval_sets_writes_each_set_and_adds_later_sets_to_the_same_file(tmp_
     for row in record["sets"].values():
         assert set(row["task_success"]) == {"1"} and 0.0 <= row["mean_success"] <= 1.0
         assert 0.0 <= row["ci95"][0] <= row["mean_success"] <= row["ci95"][1] <= 1.0
+
+
+def test_vla_throughput_times_every_head_and_their_training_step(tmp_path, run_benchmark):
+    out = tmp_path / "vla.json"
+    printed = run_benchmark("vla_throughput.py", "--quick", "--rounds", "1", "--batches", "1", "--text", "hash",
+                            "--dim", "32", "--depth", "1", "--cameras", "front", "--train-batch", "4",
+                            "--train-rounds", "1", "--out", str(out)).stdout
+    record = json.loads(out.read_text())
+    assert {(r["head"], r["batch"]) for r in record["rows"]} == {(h, 1) for h in ("parallel", "flow", "ar", "prefix")}
+    assert set(record["train_s_per_1k_steps"]) == {"parallel", "flow", "ar"}
+    assert all(v > 0 for v in record["train_s_per_1k_steps"].values()) and "parallel/AR" in printed
