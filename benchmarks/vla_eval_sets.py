@@ -53,9 +53,10 @@ def main(argv=None) -> dict:
         raise SystemExit(f"--policy {args.policy}: not a VLA policy (no cameras); train one with algo=vla_bc")
     result = json.loads(args.out.read_text()) if args.out.exists() else {}
     result.update(policy=str(args.policy), env=args.env, head=policy.head, tasks=args.tasks, episodes=args.episodes,
-                  cpu=cpu_info(), threads=args.threads, command=" ".join(["python benchmarks/vla_eval_sets.py",
-                                                                             *(argv or sys.argv[1:])]))
+                  cpu=cpu_info(), threads=args.threads)
     result.setdefault("sets", {})
+    result.setdefault("commands", []).append(" ".join(["python benchmarks/vla_eval_sets.py", *(argv or sys.argv[1:])]))
+    result.pop("command", None)
     first_seed = lambda task: args.seed * 1000 + 10_000 + 100 * task      # VLARunner._task_seed
 
     def chunk_fn(seed: int):

@@ -2,7 +2,7 @@
 scores, success rates, Monte-Carlo returns for critic calibration, and mp4 videos."""
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -161,8 +161,9 @@ def episode_result(env_name: str, returns, lengths, successes, traj_states, traj
                       actions=np.concatenate([np.stack(a) for a in traj_actions]), mc_returns=np.concatenate(mc))
 
 
-_ENV_CACHE: dict = {}
+_ENV_CACHE: OrderedDict = OrderedDict()
 _SLOW_TO_BUILD = ("cube-", "scene", "puzzle-")  # OGBench manipspace: ~1 s per env build
+ENV_CACHE_MAX = 25   # ~100 MB per manipulation env: 5 tasks x 5 envs; older kinds (a variation, a task) are closed
 
 
 def eval_envs(env_name: str, episodes: int, env_kwargs: dict | None = None) -> list:
@@ -172,8 +173,12 @@ def eval_envs(env_name: str, episodes: int, env_kwargs: dict | None = None) -> l
         return [sims.make(env_name, **(env_kwargs or {})) for _ in range(episodes)]
     key = (env_name, repr(sorted((env_kwargs or {}).items())))
     cached = _ENV_CACHE.setdefault(key, [])
+    _ENV_CACHE.move_to_end(key)
     while len(cached) < episodes:
         cached.append(sims.make(env_name, **(env_kwargs or {})))
+    while sum(len(v) for v in _ENV_CACHE.values()) > max(ENV_CACHE_MAX, episodes) and len(_ENV_CACHE) > 1:
+        for env in _ENV_CACHE.popitem(last=False)[1]:    # the least recently used kind
+            env.close()
     return cached[:episodes]
 
 
