@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from embodied.constants import STATE_KEY
+from embodied.constants import STATE_KEY, TASK_KEY, image_key
 from embodied.errors import UserError
 from robots.wire import WireError, pack, unpack
 
@@ -60,6 +60,7 @@ class PolicyClient:
         self.in_flight: dict[int, float] = {}   # request id -> send time
         self.stats = {"sent": 0, "received": 0, "late": 0, "errors": 0}
         self.last_error: str | None = None
+        self.cameras: list[str] = []  # the server policy's cameras, learnt from spec()
 
     def _send(self, message: dict) -> int:
         self._id += 1
@@ -72,8 +73,12 @@ class PolicyClient:
         return self._id
 
     def request(self, obs: dict, obs_step: int, t_obs_s: float | None = None) -> int:
-        """Send the observation (the server needs observation.state and joint_pos_rad)."""
+        """Send the observation: observation.state, joint_pos_rad, ee_pos_m, the instruction (`task`) when
+        there is one, and the frames of the cameras the server's policy reads (`cameras` from `spec()`)."""
         keep = {k: np.asarray(v) for k, v in obs.items() if k in (STATE_KEY, "joint_pos_rad", "ee_pos_m")}
+        keep.update({image_key(c): np.asarray(obs[image_key(c)]) for c in self.cameras if image_key(c) in obs})
+        if isinstance(obs.get(TASK_KEY), str):
+            keep[TASK_KEY] = obs[TASK_KEY]
         t = obs.get("timestamp_s", time.monotonic()) if t_obs_s is None else t_obs_s
         return self._send({"type": "infer", "obs": keep, "obs_step": int(obs_step), "t_obs_s": float(t)})
 
@@ -120,13 +125,15 @@ class PolicyClient:
 
     def infer(self, obs: dict, obs_step: int = 0, timeout_ms: float = 5000) -> ChunkReply:
         """Blocking round trip (benchmarks, tests)."""
+        errors = self.stats["errors"]
         rid = self.request(obs, obs_step)
         deadline = time.monotonic() + timeout_ms / 1e3
         while time.monotonic() < deadline:
             for reply in self.poll(max(1.0, (deadline - time.monotonic()) * 1e3)):
                 if isinstance(reply, ChunkReply) and reply.obs_step == obs_step:
                     return reply
-            if rid not in self.in_flight and self.last_error:
+            # its error reply (one the server could not read an id from, e.g. oversized, has id None)
+            if self.stats["errors"] > errors and self.last_error and (rid not in self.in_flight or len(self.in_flight) == 1):
                 raise PolicyServerError(self.last_error)
         raise TimeoutError(f"no chunk from {self.address} within {timeout_ms:.0f} ms")
 
@@ -150,6 +157,7 @@ class PolicyClient:
         if not isinstance(spec, dict):
             raise PolicyServerError(f"policy server {self.address} sent no spec with its pong; "
                                     "it predates spec reporting, restart it from this checkout")
+        self.cameras = [str(c) for c in spec.get("cameras") or []]
         return spec
 
     def close(self) -> None:

@@ -82,7 +82,10 @@ class Context:
         self.vmax, self.amax = np.asarray(c.joint_vel_max_rad_s), np.asarray(c.joint_acc_max_rad_s2)
 
     def ee_base(self) -> np.ndarray | None:
-        """ee_delta steps add to the last commanded position (like joint targets), else the measured one."""
+        """ee_delta steps add to the last commanded position (like joint targets), else (or with
+        `ee_delta_base: measured`) to the measured one."""
+        if self.config.ee_delta_base == "measured" and self.ee_pos_m is not None:
+            return self.ee_pos_m
         return self.ref_ee_m if self.ref_ee_m is not None else self.ee_pos_m
 
     def position_bounds(self) -> tuple[np.ndarray, np.ndarray]:

@@ -18,6 +18,9 @@ level or in `obs`, are rejected so a typo cannot pass silently):
 the delta joint_position action map, which adds the policy's deltas to it), "ee_pos_m" (3 numbers,
 optional). Numbers are a 1-D numeric array (robots.wire; bool is not numeric) or a list of int/float,
 all finite and within |x| <= max_abs (1e6), so an absurd value is refused instead of reaching the policy.
+A policy with cameras (the VLA) also needs "observation.images.<camera>" for each of its cameras, a
+uint8 array of exactly the shape it was trained on ([H, W, 3]), and reads "task", the instruction (a
+string of at most 1,000 printable characters; optional). The whole request stays within `max_bytes`.
 
 Replies: `pong` (the counters plus `spec`, what the policy expects and sends, for a client to check
 before arming), `chunk`, or {"type": "error", "id": id or None, "error": "<kind>: <one line>"} with
@@ -32,7 +35,8 @@ without delivering anything, so no reply is possible; the client's DEALER reconn
 
 Actions: a policy outputs normalised actions in [-1, 1] ([H, A]); `ActionMap` turns them into robot
 units (joint targets relative to the observed joints, gripper width) unless the policy already
-outputs robot units (`action_map: absolute`). A single-step policy (H=1) is repeated `repeat` times,
+outputs robot units (`action_map: absolute`). `action_map: ogbench` reads OGBench manipulation
+actions (dx, dy, dz in 5 cm, yaw in 0.3 rad, gripper +1 closed / -1 open) as ee_delta commands. A single-step policy (H=1) is repeated `repeat` times,
 a zero-order hold, so an asynchronous loop always has actions to run while the next chunk is computed.
 """
 from __future__ import annotations
@@ -49,7 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
-from embodied.constants import STATE_KEY
+from embodied.constants import IMAGES_PREFIX, STATE_KEY, TASK_KEY, image_key
 from embodied.errors import ConfigError, UserError, exit_on_user_error
 from robots.wire import OversizedError, WireError, pack, unpack
 
@@ -59,7 +63,9 @@ DEFAULT_HARD_CAP_BYTES = 256 << 20   # zmq MAXMSGSIZE: beyond it the transport d
 DEFAULT_MAX_ABS = 1e6                # |value| bound on every observation number
 INT64_MAX = (1 << 63) - 1
 FIELDS = {"ping": ("type", "id", "token"), "infer": ("type", "id", "token", "obs", "obs_step", "t_obs_s")}
-OBS_KEYS = (STATE_KEY, "joint_pos_rad", "ee_pos_m")
+OBS_KEYS = (STATE_KEY, "joint_pos_rad", "ee_pos_m", TASK_KEY)  # + the policy's image keys
+MAX_TASK_CHARS = 1000
+OGBENCH_POS_SCALE_M, OGBENCH_YAW_SCALE_RAD = 0.05, 0.3  # OGBench manipspace's action range, per unit
 # error kind -> the stats counter it increments
 ERROR_COUNTERS = {"malformed": "malformed", "invalid": "invalid", "unauthorized": "unauthorized",
                   "oversized": "oversized", "policy_error": "policy_errors", "nonfinite": "nonfinite",
@@ -81,10 +87,13 @@ class ActionMap:
     gripper_max_m: float = 0.085   # width = max * (a + 1) / 2
 
     def __post_init__(self):
-        if self.kind not in ("delta", "absolute"):
-            raise ConfigError(f"action_map kind={self.kind!r}; use 'delta' or 'absolute'")
+        if self.kind not in ("delta", "absolute", "ogbench"):
+            raise ConfigError(f"action_map kind={self.kind!r}; use 'delta', 'absolute' or 'ogbench'")
         if self.kind == "delta" and self.mode not in MODES:
             raise ConfigError(f"action_map mode={self.mode!r}; use one of {', '.join(MODES)}")
+        if self.kind == "ogbench" and self.mode != "ee_delta":
+            raise ConfigError(f"action_map kind=ogbench makes end-effector deltas; the robot's control_mode is "
+                              f"{self.mode!r}: use an ee_delta robot (e.g. robot=sim_ur5e_cube)")
 
     @property
     def needs_joints(self) -> bool:
@@ -96,12 +105,20 @@ class ActionMap:
         """Actions per step the map needs from the policy (None: any, passed through)."""
         if self.kind == "absolute":
             return None
+        if self.kind == "ogbench":
+            return 5
         return 7 if self.mode == "ee_delta" else self.dof + 1
 
     def __call__(self, chunk: np.ndarray, obs: dict) -> np.ndarray:
         chunk = np.asarray(chunk, np.float64)
         if self.kind == "absolute":
             return chunk
+        if self.kind == "ogbench":  # [dx, dy, dz, dyaw, grip] -> [dx, dy, dz, 0, 0, dyaw, width]
+            out = np.zeros((len(chunk), 7))
+            out[:, :3] = OGBENCH_POS_SCALE_M * chunk[:, :3]
+            out[:, 5] = OGBENCH_YAW_SCALE_RAD * chunk[:, 3]
+            out[:, 6] = self.gripper_max_m * (1 - np.clip(chunk[:, 4], -1, 1)) / 2  # +1 closes the gripper
+            return out
         out = np.empty_like(chunk)
         n = chunk.shape[1] - 1
         if self.mode == "joint_position":
@@ -187,6 +204,9 @@ class PolicyServer:
         self.max_abs = float(max_abs)
         self.obs_dim = obs_dim if obs_dim is not None else getattr(policy, "obs_dim", None)
         self.act_dim = getattr(policy, "act_dim", None)
+        self.cameras = [str(c) for c in getattr(policy, "cameras", None) or []]
+        size = getattr(policy, "image_size", None)
+        self.image_shape = [int(size), int(size), 3] if self.cameras and size else None
         rows = _policy_rows(policy)
         self.horizon = None if rows is None else (rows * self.repeat if rows == 1 else rows)
         self.ctx = zmq.Context()
@@ -206,10 +226,30 @@ class PolicyServer:
     def spec(self) -> dict:
         """What this server expects and sends, so a deploy loop can check it against the robot before arming."""
         return {"obs_dim": self.obs_dim, "action_dim": self.act_dim, "horizon": self.horizon,
-                **self.action_map.spec(), "required_obs": self._required_obs(), "max_bytes": self.max_bytes}
+                **self.action_map.spec(), "required_obs": self._required_obs(), "max_bytes": self.max_bytes,
+                "cameras": self.cameras, "image_shape": self.image_shape}
 
     def _required_obs(self) -> list[str]:
-        return [STATE_KEY, "joint_pos_rad"] if self.action_map.needs_joints else [STATE_KEY]
+        keys = [STATE_KEY, "joint_pos_rad"] if self.action_map.needs_joints else [STATE_KEY]
+        return keys + [image_key(c) for c in self.cameras]
+
+    def warm_up(self) -> float:
+        """One inference on a blank observation before serving, so the first real request does not pay for
+        lazy loading (a VLA's text encoder takes seconds): that chunk would miss the arm's deadline.
+        Returns the seconds it took; a policy that cannot act on zeros is left to fail on real requests."""
+        if self.obs_dim is None:
+            return 0.0
+        t0 = time.monotonic()
+        obs = {STATE_KEY: np.zeros(self.obs_dim, np.float32), TASK_KEY: "warm up"}
+        if self.action_map.needs_joints:
+            obs["joint_pos_rad"] = np.zeros(self.action_map.dof, np.float32)
+        for cam in self.cameras:
+            obs[image_key(cam)] = np.zeros(self.image_shape or (64, 64, 3), np.uint8)
+        try:
+            self.policy.act(obs, generator=self._noise)
+        except Exception:  # noqa: BLE001
+            pass
+        return time.monotonic() - t0
 
     # -- request handling --------------------------------------------------------------------------
     def handle(self, raw: bytes) -> dict:
@@ -289,15 +329,47 @@ class PolicyServer:
         obs = self._field(message, "obs", "a map with " + ", ".join(self._required_obs()))
         if not isinstance(obs, dict):
             raise _Reject("invalid", f"obs must be a map of observation arrays, got {_show(obs)}")
+        images = [image_key(c) for c in self.cameras]
         for key in obs:
-            if key not in OBS_KEYS:
-                raise _Reject("invalid", f"unknown obs key {_show(key)}; expected only {', '.join(OBS_KEYS)}")
+            if key not in OBS_KEYS and key not in images:
+                hint = (f"; this policy reads cameras {self.cameras}" if isinstance(key, str)
+                        and key.startswith(IMAGES_PREFIX) else "")
+                raise _Reject("invalid", f"unknown obs key {_show(key)}; expected only "
+                                         f"{', '.join(OBS_KEYS + tuple(images))}{hint}")
         out = {STATE_KEY: self._vector(obs, STATE_KEY, self.obs_dim, required=True)}
         joints_n = self.action_map.dof if self.action_map.needs_joints else None
         q = self._vector(obs, "joint_pos_rad", joints_n, required=self.action_map.needs_joints)
         ee = self._vector(obs, "ee_pos_m", 3, required=False)
         out.update({k: v for k, v in (("joint_pos_rad", q), ("ee_pos_m", ee)) if v is not None})
+        for key in images:
+            out[key] = self._image(obs, key)
+        if TASK_KEY in obs:
+            out[TASK_KEY] = self._task(obs[TASK_KEY])
         return out
+
+    def _image(self, obs: dict, key: str) -> np.ndarray:
+        """A uint8 [H, W, 3] frame of exactly the policy's training size."""
+        shape = self.image_shape
+        want = f"a uint8 array of shape {shape} (HWC; resize on the robot side)"
+        if key not in obs:
+            raise _Reject("invalid", f'obs["{key}"] is missing; this policy reads cameras {self.cameras}: send {want}')
+        frame = obs[key]
+        if not isinstance(frame, np.ndarray):
+            raise _Reject("invalid", f'obs["{key}"] is {_show(frame)}; send {want}')
+        if frame.dtype != np.uint8:
+            raise _Reject("invalid", f'obs["{key}"] has dtype {frame.dtype}; send {want}')
+        if shape is not None and list(frame.shape) != shape:
+            raise _Reject("invalid", f'obs["{key}"] has shape {list(frame.shape)}; send {want}')
+        return frame
+
+    @staticmethod
+    def _task(task) -> str:
+        if not isinstance(task, str):
+            raise _Reject("invalid", f'obs["{TASK_KEY}"] is {_show(task)}; send the instruction as a string')
+        if len(task) > MAX_TASK_CHARS or not task.isprintable():
+            raise _Reject("invalid", f'obs["{TASK_KEY}"] has {len(task)} characters or unprintable ones; send at '
+                                     f"most {MAX_TASK_CHARS} printable characters")
+        return task
 
     def _vector(self, obs: dict, key: str, n: int | None, required: bool) -> np.ndarray | None:
         """A 1-D vector of n finite numbers within max_abs, as float64; None when absent and optional."""
@@ -337,7 +409,8 @@ class PolicyServer:
     def _infer(self, obs: dict, obs_step: int, t_obs: float, rid, t_recv: float) -> dict:
         t0 = time.monotonic()
         with np.errstate(over="ignore"):  # only past a loosened max_abs; the output check catches the result
-            policy_obs = {k: v.astype(np.float32) for k, v in obs.items()}  # only checked inputs reach the policy
+            policy_obs = {k: v if k == TASK_KEY or k.startswith(IMAGES_PREFIX) else v.astype(np.float32)
+                          for k, v in obs.items()}  # only checked inputs reach the policy
         try:
             chunk = np.asarray(self.policy.act(policy_obs, generator=self._noise), np.float64)
         except Exception as err:  # noqa: BLE001  a policy bug must not kill the server
@@ -429,7 +502,7 @@ def main(argv=None) -> None:
     parser.add_argument("--token", default=os.environ.get("EMBODIED_POLICY_TOKEN"),
                         help="auth token (default: $EMBODIED_POLICY_TOKEN); required off loopback")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--action-map", default="delta", choices=["delta", "absolute"])
+    parser.add_argument("--action-map", default="delta", choices=["delta", "absolute", "ogbench"])
     parser.add_argument("--mode", default="joint_position")
     parser.add_argument("--dof", type=int, default=6)
     parser.add_argument("--delta-scale-rad", type=float, default=0.1)
@@ -453,6 +526,7 @@ def main(argv=None) -> None:
                           extra_latency_ms=args.extra_latency_ms, max_bytes=args.max_bytes,
                           hard_cap_bytes=args.hard_cap_bytes, max_abs=args.max_abs, noise_seed=args.noise_seed)
     server.exit_with_parent = True
+    server.warm_up()
     if not args.token:
         print(f"warning: no token set, so any local process can send requests to {server.address}; "
               "set one with --token or $EMBODIED_POLICY_TOKEN", file=sys.stderr, flush=True)

@@ -5,6 +5,10 @@ reads the newest published state, with the same observation keys as the real dri
 deltas are solved here (`ArmModel.ik`) to joint targets that pass the joint safety checks first; the
 server's own command deadline, protective stop on self-collision and measured peaks are mirrored
 into the robot's lifecycle and `server_state()`. See `robots.sim_server` for what the server models.
+
+With a task scene (`sim.scene`) `observation.state` is the task's state (what its policies were trained
+on), the camera frames rendered in the server arrive as `observation.images.<camera>` with every
+observation, `success` is the task's test, and `reset_scene(seed)` starts a new episode.
 """
 from __future__ import annotations
 
@@ -20,10 +24,10 @@ import msgpack
 import numpy as np
 import zmq
 
-from embodied.constants import STATE_KEY
+from embodied.constants import STATE_KEY, image_key
 from robots.base import Robot
 from robots.sim_model import ArmModel
-from robots.types import Command, RobotConfig, RobotFault
+from robots.types import Command, ControlMode, RobotConfig, RobotFault
 
 
 class SimArm(Robot):
@@ -39,9 +43,13 @@ class SimArm(Robot):
         self._kin: ArmModel | None = None
         self._t_armed_s = float("inf")
         self.stale_after_s = float(config.sim.get("stale_after_ms", 500.0)) / 1e3
+        if config.sim.get("scene") and config.mode is ControlMode.EE_DELTA:
+            self.ik_joint_targets = None  # a Cartesian-controlled scene arm: its own controller takes deltas
 
     def _connect(self) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        if self.config.sim.get("scene") and self.config.sim["scene"].get("cameras", ["front"]):
+            env.setdefault("MUJOCO_GL", "egl")  # the server renders the scene's cameras headless
         self._proc = subprocess.Popen([sys.executable, "-m", "robots.sim_server", "--config-json",
                                        json.dumps(self.config.to_dict())], stdout=subprocess.PIPE,
                                       env=env, cwd=str(Path(__file__).resolve().parents[1]), text=True,
@@ -63,7 +71,7 @@ class SimArm(Robot):
         self._send_lock = threading.Lock()
         self._recv_lock = threading.Lock()
         self._kin = ArmModel()
-        self._wait_state(5.0)
+        self._wait_state(30.0 if self.scene else 5.0)  # a scene builds OGBench's env and a GL context
 
     def _drain(self) -> None:
         """Take every state message waiting on the socket and keep the newest. Done on each read
@@ -135,11 +143,45 @@ class SimArm(Robot):
                                msg.get("last_cmd_sent_s"))
         q = np.asarray(msg["joint_pos_rad"], np.float32)
         width = np.float32(msg["gripper_width_m"])
-        return {STATE_KEY: np.append(q, width).astype(np.float32), "joint_pos_rad": q,
-                "joint_vel_rad_s": np.asarray(msg["joint_vel_rad_s"], np.float32),
-                "ee_pos_m": np.asarray(msg["ee_pos_m"], np.float32),
-                "ee_quat_wxyz": np.asarray(msg["ee_quat_wxyz"], np.float32),
-                "gripper_width_m": width, "timestamp_s": float(msg["t_s"])}
+        obs = {STATE_KEY: np.append(q, width).astype(np.float32), "joint_pos_rad": q,
+               "joint_vel_rad_s": np.asarray(msg["joint_vel_rad_s"], np.float32),
+               "ee_pos_m": np.asarray(msg["ee_pos_m"], np.float32),
+               "ee_quat_wxyz": np.asarray(msg["ee_quat_wxyz"], np.float32),
+               "gripper_width_m": width, "timestamp_s": float(msg["t_s"])}
+        if "task_state" in msg:  # a task scene: its policies read the task's state and the cameras
+            obs[STATE_KEY] = np.asarray(msg["task_state"], np.float32)
+            shape = msg.get("frame_shape")
+            for cam, raw in (msg.get("frames") or {}).items():
+                obs[image_key(cam)] = np.frombuffer(raw, np.uint8).reshape(shape)
+            obs["success"] = bool(msg.get("success"))
+            obs["image_timestamp_s"] = float(msg.get("t_frame_s", msg["t_s"]))
+        return obs
+
+    @property
+    def scene(self) -> dict | None:
+        """The task scene this arm stands in (`sim.scene`), or None for the bare arm."""
+        return self.config.sim.get("scene") or None
+
+    def scene_instruction(self) -> str:
+        """The scene's own training-vocabulary instruction for its task ("" without a scene)."""
+        self._drain()
+        return str((self._latest or {}).get("instruction", ""))
+
+    def reset_scene(self, seed: int) -> None:
+        """Reset the task scene (sim only): objects and arm to a start pose drawn from `seed`, held there;
+        needs arm() again. Returns once a state from after the reset has arrived."""
+        with self._lock:
+            t_sent = time.monotonic()
+            self._send({"op": "reset_scene", "seed": int(seed)})
+            if self.state.value == "armed":
+                self._transition(type(self.state).CONNECTED, "reset")
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            self._drain()
+            if (self._latest or {}).get("t_frame_s", 0.0) > t_sent and self._latest.get("hold_reason") == "reset":
+                return
+            time.sleep(0.005)
+        raise RobotFault("sim arm scene did not reset within 10 s")
 
     def server_state(self) -> dict:
         """The raw last message (mode, t_hold_s, drop counters): for tests and benchmarks."""

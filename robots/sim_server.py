@@ -28,6 +28,14 @@ and waits for `recover`. Like a real arm it has its own command deadline: in `ru
 It also measures what it executes (peak joint speed and acceleration over a control period against the
 limits, the furthest the pinch site got outside the workspace box) and publishes the peaks with the
 state, for the fuzz benchmarks (`reset_peaks` clears them).
+
+With `sim.scene` (`robots.sim_scene`: an OGBench task, its cameras, its success test) the server steps
+the task's own model instead of the bare arm, starts from the task's reset pose; in ee_delta mode it
+executes each delta with OGBench's own Cartesian controller (`Scene.apply_ee_delta`), so the deltas a
+policy learnt there move the arm as they did there (the joint-mode servo loop is not used). It renders the cameras
+in this process every `sim.image_rate_hz` (default: the control rate), and publishes the frames, the
+task state and the success flag with every state message; `reset_scene` (with a seed) resets the task.
+Gripper contacts with the scene (a grasp, the table) are not collisions; an arm link's are.
 """
 from __future__ import annotations
 
@@ -60,12 +68,29 @@ class SimArmServer:
         self.noise_q = float(sim.get("noise_q_rad", 0.0))
         self.noise_qd = float(sim.get("noise_qd_rad_s", 0.0))
         self.rng = np.random.default_rng(int(sim.get("seed", 0)))
-        self.arm = ArmModel()
-        self.model, self.data = self.arm.model, mujoco.MjData(self.arm.model)
+        self.scene = None
+        if sim.get("scene"):  # a task scene (objects, cameras, success): its model is the arm's model
+            from robots.sim_scene import SCENE_KEYS, Scene
+
+            scene = dict(sim["scene"])
+            unknown = sorted(set(scene) - set(SCENE_KEYS))
+            if unknown:
+                raise ValueError(f"robot.sim.scene has unknown keys {unknown}; valid: {list(SCENE_KEYS)}")
+            self.scene = Scene(**scene)
+            self.arm = ArmModel(self.scene.model)
+            self.model, self.data = self.scene.model, self.scene.data
+        else:
+            self.arm = ArmModel()
+            self.model, self.data = self.arm.model, mujoco.MjData(self.arm.model)
+            home = np.asarray(sim.get("start_joint_pos_rad", config.home_joint_pos_rad), np.float64)
+            self.data.qpos[:6] = home
+        # a scene in ee_delta mode is a Cartesian-controlled arm: OGBench's controller executes the deltas
+        self.cartesian = self.scene is not None and config.mode is ControlMode.EE_DELTA
         self.substeps = max(1, int(round(1.0 / self.rate_hz / self.model.opt.timestep)))
-        home = np.asarray(sim.get("start_joint_pos_rad", config.home_joint_pos_rad), np.float64)
-        self.data.qpos[:6] = home
         mujoco.mj_forward(self.model, self.data)
+        home = self.data.qpos[:6].copy()  # the scene's reset pose, or the configured start
+        if self.cartesian:
+            self.data.ctrl[:6] = home  # the Cartesian controller holds the reset pose (OGBench leaves ctrl at 0)
         self.target = home.copy()       # the joint reference the servos track ...
         self.target_vel = np.zeros(6)   # ... and its velocity (feed-forward)
         self.braking = False                 # the command's period ended with no next one: brake
@@ -128,7 +153,20 @@ class SimArmServer:
         n = window * self.substeps
         self._ramp_lag = (n - 1) / (2.0 * n)  # the ramp's lag behind the commanded path, in periods
         gripper = {i for i in range(self.model.nbody) if self.model.body(i).name.startswith("ur5e/robotiq")}
+        robot = {i for i in range(self.model.nbody) if self.model.body(i).name.startswith("ur5e/")}
         self._geom_in_gripper = np.array([self.model.geom_bodyid[g] in gripper for g in range(self.model.ngeom)])
+        self._geom_in_robot = np.array([self.model.geom_bodyid[g] in robot for g in range(self.model.ngeom)])
+        # a scene's task state and success test go out with every state message; its camera frames are
+        # rendered on a thread of their own (`FrameThread`) at up to `image_rate_hz` (default: the control
+        # rate), each sent with the time of the state it shows
+        self.snapshot, self.frames = {}, None
+        if self.scene is not None:
+            from robots.sim_scene import FrameThread
+
+            self.frames = FrameThread(self.scene, float(sim.get("image_rate_hz", config.control_rate_hz)))
+            self.frames.offer(self.data, time.monotonic(), force=True)
+            self.frames.wait_first()
+            self._snapshot(time.monotonic())
         self._in_contact, self._contact_ticks = False, 0
         # a contact that is already there when the arm is armed (it began during a hold, or outlasted an
         # e-stop) is no new collision, but pushing on into it is: the servos' position error grows while
@@ -157,6 +195,8 @@ class SimArmServer:
         if op == "estop":
             self.target, self.target_vel = self.data.qpos[:6].copy(), np.zeros(6)
             self._recover_pending = False
+        if self.cartesian:  # the Cartesian controller stops where the arm is
+            self.data.ctrl[:6] = self.target = self.data.qpos[:6].copy()
         if self.mode != op or op == "estop":
             self.mode, self.t_hold_s, self.hold_reason = op, now, reason
 
@@ -202,13 +242,28 @@ class SimArmServer:
         self.grip_ctrl = 255.0 * (1.0 - np.clip(width / GRIPPER_OPEN_M, 0.0, 1.0))
 
     def _arm_contact(self) -> bool:
-        """A contact between arm links, or between the arm and the gripper (the fingers touching each
-        other is a grasp, not a collision)."""
+        """A contact between arm links, between the arm and the gripper, or between an arm link and the
+        scene. The fingers touching each other, or the gripper touching the scene's objects and table,
+        is a grasp, not a collision."""
+        grip, robot = self._geom_in_gripper, self._geom_in_robot
         for i in range(self.data.ncon):
             c = self.data.contact[i]
-            if not (self._geom_in_gripper[c.geom1] and self._geom_in_gripper[c.geom2]):
+            g1, g2 = c.geom1, c.geom2
+            if (grip[g1] and grip[g2]) or (grip[g1] and not robot[g2]) or (grip[g2] and not robot[g1]):
+                continue
+            if robot[g1] or robot[g2]:
                 return True
         return False
+
+    def _snapshot(self, now: float) -> None:
+        """The scene's task state and success test now, and the newest camera frames, for the state
+        message (the reader keeps only the newest message, so each one carries them)."""
+        self.frames.offer(self.data, now)
+        frames, t_frame = self.frames.latest()
+        size = self.scene.image_size
+        self.snapshot = {"task_state": self.scene.task_state().tolist(), "frames": frames,
+                         "frame_shape": [size, size, 3], "t_frame_s": t_frame, "success": self.scene.success(),
+                         "instruction": self.scene.instruction, "frames_rendered": self.frames.rendered}
 
     def _release_stop(self, now: float) -> None:
         """A recover releases an e-stop (a category-0 stop: the reference frozen where the arm was) only
@@ -288,7 +343,8 @@ class SimArmServer:
                 self.stats["cmds_ignored"] += 1
                 return True
             mode = msg["mode"]
-            if mode not in (ControlMode.JOINT_POSITION.value, ControlMode.JOINT_VELOCITY.value):
+            joint_modes = (ControlMode.JOINT_POSITION.value, ControlMode.JOINT_VELOCITY.value)
+            if mode not in ((ControlMode.EE_DELTA.value,) if self.cartesian else joint_modes):
                 self.stats["cmds_ignored"] += 1  # the client solves ee deltas to joint targets
                 return True
             self.last_cmd_s, self.last_cmd_sent_s = now, float(msg.get("t_send_s", now))
@@ -323,6 +379,16 @@ class SimArmServer:
             self.pending.clear()
             self.ramp_ticks = self.period_ticks = 0
             self.hold_reason, self._qd_window = "reset", []
+        elif op == "reset_scene" and self.scene is not None:
+            self.scene.reset(int(msg.get("seed", 0)))  # OGBench's reset: objects and arm to a start pose
+            self.data = self.scene.data
+            self.target, self.target_vel, self.mode = self.data.qpos[:6].copy(), np.zeros(6), "hold"
+            self.grip_ctrl, self._recover_pending = 0.0, False
+            self.data.ctrl[:6] = self.target
+            self.pending.clear()
+            self.ramp_ticks = self.period_ticks = 0
+            self.hold_reason, self._qd_window = "reset", []
+            self.frames.due_now()  # the next frame shows the new scene
         elif op == "reset_peaks":
             self.peaks = dict.fromkeys(self.peaks, 0.0)
         elif op == "set":
@@ -348,9 +414,24 @@ class SimArmServer:
                 "ee_pos_m": d.site_xpos[self.arm.site].tolist(), "ee_quat_wxyz": quat.tolist(),
                 "gripper_width_m": self.arm.gripper_width(d), "mode": self.mode, "t_hold_s": self.t_hold_s,
                 "hold_reason": self.hold_reason, "last_cmd_sent_s": self.last_cmd_sent_s,
-                "target_rad": self.target.tolist(), "target_vel_rad_s": self.target_vel.tolist(), **self.stats, **self.peaks}
+                "target_rad": self.target.tolist(), "target_vel_rad_s": self.target_vel.tolist(), **self.stats, **self.peaks,
+                **self.snapshot}
+
+    def _physics_cartesian(self) -> None:
+        """A scene in ee_delta mode: each command's delta goes to OGBench's controller at the start of its
+        period (its IK sets the servos' set-points) and the physics runs on them, as in `env.step`."""
+        for _ in range(self.substeps):
+            if self.mode == "run" and self.period_ticks == 0 and self.pending:
+                _, values, width, _ = self.pending.popleft()
+                self.target = self.scene.apply_ee_delta(values[:3], values[3:6], width,
+                                                        self.config.gripper_width_max_m)
+                self.period_ticks = self._window * self.substeps
+            self.period_ticks = max(0, self.period_ticks - 1)
+            self.mj.mj_step(self.model, self.data)
 
     def _physics(self) -> None:
+        if self.cartesian:
+            return self._physics_cartesian()
         d = self.data
         dt = self.model.opt.timestep
         for _ in range(self.substeps):
@@ -411,6 +492,8 @@ class SimArmServer:
                     self._stop(now, "hold", "watchdog")  # the arm's own deadline, outside the controller
                 self._physics()
                 self._measure(now)
+                if self.scene is not None:
+                    self._snapshot(now)
                 now = time.monotonic()
                 if not (self.drop_prob > 0 and self.rng.random() < self.drop_prob):
                     self.n += 1
@@ -441,6 +524,9 @@ class SimArmServer:
             self.sock.close()
             self.pub.close()
             self.ctx.term()
+            if self.scene is not None:
+                self.frames.close()
+                self.scene.close()
 
 
 def main(argv=None) -> None:

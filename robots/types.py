@@ -60,6 +60,9 @@ class RobotConfig:
     max_relative_target_rad: float = 0.05          # per control step, joint position mode
     ee_step_max_m: float = 0.01                    # per control step, ee_delta mode
     ee_rot_step_max_rad: float = 0.05
+    # ee_delta: steps add to the last commanded target ("commanded", like joint targets) or to the measured
+    # end effector ("measured": an arm whose own Cartesian controller takes deltas from where it is)
+    ee_delta_base: str = "commanded"
     workspace_min_m: list = field(default_factory=lambda: [-0.8, -0.8, 0.02])
     workspace_max_m: list = field(default_factory=lambda: [0.8, 0.8, 1.0])
     gripper_width_max_m: float = 0.085
@@ -99,6 +102,8 @@ class RobotConfig:
         if self.control_mode not in {m.value for m in ControlMode}:
             raise ConfigError(f"robot.control_mode={self.control_mode!r}; use one of "
                               f"{', '.join(m.value for m in ControlMode)}")
+        if self.ee_delta_base not in ("commanded", "measured"):
+            raise ConfigError(f"robot.ee_delta_base={self.ee_delta_base!r}; use commanded or measured")
         if self.watchdog_deadline_ms <= 0:
             raise ConfigError("robot.watchdog_deadline_ms must be positive")
         if self.workspace_plan_margin_m < 0:

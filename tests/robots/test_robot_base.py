@@ -204,3 +204,22 @@ def test_chain_is_the_only_path_to_the_backend():
     for cmd, out in zip(robot.commands, returned):
         assert np.array_equal(cmd.as_action(), out)
     assert isinstance(robot.chain, SafetyChain) and ControlMode.JOINT_POSITION is robot.mode
+
+
+@pytest.mark.parametrize("base", ["commanded", "measured"])
+def test_ee_delta_steps_add_to_the_commanded_or_the_measured_end_effector(base):
+    cfg = RobotConfig(dof=3, control_mode="ee_delta", ee_delta_base=base, joint_pos_min_rad=[-3.0] * 3,
+                      joint_pos_max_rad=[3.0] * 3, joint_vel_max_rad_s=[1.0] * 3, joint_acc_max_rad_s2=[8.0] * 3,
+                      home_joint_pos_rad=[0.0] * 3, workspace_min_m=[-1, -1, 0], workspace_max_m=[1, 1, 1])
+    chain = SafetyChain.from_config(cfg)
+    obs = {"joint_pos_rad": np.zeros(3), "ee_pos_m": np.array([0.3, 0.0, 0.5]), "gripper_width_m": 0.04}
+    chain.reset(obs)
+    targets = []
+    for _ in range(3):  # the arm does not move: a Cartesian controller that lags, or a blocked arm
+        result = chain.filter(np.array([0.0, 0.0, -0.01, 0.0, 0.0, 0.0, 0.04]), obs, ControlMode.EE_DELTA)
+        chain.commit(result.command)
+        targets.append(result.command.ee_target_m[2])
+    want = [0.49, 0.49, 0.49] if base == "measured" else [0.49, 0.48, 0.47]
+    assert np.allclose(targets, want)
+    with pytest.raises(ConfigError, match="ee_delta_base"):
+        RobotConfig(ee_delta_base="target")

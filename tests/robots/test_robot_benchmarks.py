@@ -8,6 +8,7 @@ pytestmark = pytest.mark.slow  # every test here runs a benchmark script in a su
 def test_control_loop_quick(tmp_path, run_benchmark):
     result = run_benchmark("control_loop.py", "--quick", "--out", str(tmp_path))
     assert "| 100 Hz, sleep + 0.5 ms spin |" in result.stdout and '"fired": 1' in result.stdout
+    assert "| 20 Hz sim_ur5e_cube, VLA, 64 px camera + instruction |" in result.stdout  # images on
     assert not list(tmp_path.glob("control_loop-*.json"))   # a smoke run never overwrites real results
 
 
