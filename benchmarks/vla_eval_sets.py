@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -24,16 +23,8 @@ from benchmarks.machine import cpu_info, uptime  # noqa: E402
 
 import policies  # noqa: E402
 from embodied.agents.vla_bc import evaluate_tasks  # noqa: E402
+from embodied.stats import wilson  # noqa: E402
 from sims.manip_variations import VARIATIONS  # noqa: E402
-
-
-def wilson(successes: int, n: int, z: float = 1.96) -> list[float]:
-    """95% Wilson interval of a success rate (sound at 0 and 1, unlike the normal approximation)."""
-    if n == 0:
-        return [0.0, 1.0]
-    p, denom = successes / n, 1 + z * z / n
-    centre, half = (p + z * z / (2 * n)) / denom, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return [round(max(0.0, centre - half), 3), round(min(1.0, centre + half), 3)]
 
 
 def main(argv=None) -> dict:

@@ -336,6 +336,14 @@ def check_config(cfg: DictConfig) -> None:
             raise ConfigError(f"algo=vla_bc needs a manipulation suite with env.tasks in 1..{n or 5}, got "
                               f"env={cfg.env.name} env.tasks={None if tasks is None else list(tasks)}: "
                               "pick env=cube-single-suite, cube-double-suite or scene-suite")
+    if cfg.algo.online_algo == "vla_qc":
+        task = cfg.algo.online_agent.get("task", 1)
+        if task not in list(tasks):
+            raise ConfigError(f"algo.online_agent.task={task} is not in env.tasks={list(tasks)}; pick one of the "
+                              "suite's tasks to fine-tune")
+        if cfg.checkpoint.every > 0:
+            raise ConfigError("algo=vla_qc does not write online checkpoints yet; set checkpoint.every=0 (its "
+                              "pretraining is still saved under checkpoints/pretrained for pretrained=)")
     variations = cfg.env.get("variations")
     if variations is not None:
         from sims.manip_variations import VARIATIONS

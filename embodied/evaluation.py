@@ -70,6 +70,10 @@ class ChunkActor:
     def push(self, chunk: np.ndarray) -> None:
         self.executor.push(chunk, self.step)
 
+    def wants_chunk_next(self) -> bool:
+        """Will the next `observe` ask for a chunk (so the next observation's frames will be read)?"""
+        return self.executor.will_want_chunk(self.step)
+
     def next_action(self) -> np.ndarray:
         action = self.executor.next_action(self.step)
         self.step += 1
@@ -132,6 +136,8 @@ def evaluate(env_name: str, policy: BatchPolicy | None, episodes: int, seed: int
             for j in index:
                 i = wave[j]
                 action = actors[j].next_action()
+                if full_obs and not actors[j].wants_chunk_next():
+                    sims.skip_next_frames(envs[j])  # mid-chunk: nobody reads these frames
                 obs, reward, terminated, truncated, info = envs[j].step(action)
                 traj[i][0].append(np.asarray(latest[j][STATE_KEY], np.float32).copy())
                 traj[i][1].append(action)

@@ -1,6 +1,7 @@
 """Statistics for the evaluation protocol (DESIGN.md §5): bootstrap CIs over seeds and the switch dip."""
 from __future__ import annotations
 
+import math
 from typing import Iterable, Mapping
 
 import numpy as np
@@ -36,6 +37,15 @@ def bootstrap_ci(values, confidence: float = 0.95, n_resamples: int = 10000,
     tail = (1.0 - confidence) / 2.0
     low, high = np.quantile(bootstrap_means(values, n_resamples, seed), [tail, 1.0 - tail])
     return mean, float(low), float(high)
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> list[float]:
+    """95% Wilson interval of a success rate over n episodes (sound at 0 and 1, unlike the normal one)."""
+    if n == 0:
+        return [0.0, 1.0]
+    p, denom = successes / n, 1 + z * z / n
+    centre, half = (p + z * z / (2 * n)) / denom, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return [round(max(0.0, centre - half), 3), round(min(1.0, centre + half), 3)]
 
 
 def post_switch_dip(eval_scores_by_step: Mapping[int, float] | Iterable[tuple[int, float]],

@@ -115,6 +115,8 @@ def run(cfg: DictConfig, run_dir: Path, on_start=None) -> dict:
             from embodied.agents.dppo import DPPORunner as runner_cls
         if vla:  # a suite's image demos and a per-task evaluator
             from embodied.agents.vla_bc import VLARunner as runner_cls
+            if rcfg.online_algo == "vla_qc":  # online: a chunk critic and best-of-N over the VLA's samples
+                from embodied.agents.vla_qc import VLAQCRunner as runner_cls
 
             extra["tasks"] = list(cfg.env.tasks)
             extra["variations"] = list(cfg.env.get("variations") or ["none"])

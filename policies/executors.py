@@ -76,6 +76,10 @@ class _Base:
     def last_delay_steps(self) -> int:
         return self._last_delay
 
+    def will_want_chunk(self, step: int) -> bool:
+        """What `wants_chunk(step)` would answer, without counting it as a request."""
+        return step >= self._next_request
+
     def wants_chunk(self, step: int) -> bool:
         if step >= self._next_request:
             self._next_request = step + self.request_every

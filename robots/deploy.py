@@ -220,15 +220,19 @@ def run(cfg: DictConfig, out_dir: Path, on_step=None) -> dict:
         outcome = "fault"
     fired = list(robot.watchdog_fired) if robot else []
     sent = sum(len(e.actions) for e in episodes)
-    if outcome == "ok" and fired:
-        outcome = "watchdog"
-        status = (f"watchdog: the arm was held {len(fired)} time(s), no valid command for "
-                  f"{robot.config.watchdog_deadline_ms:g} ms")
+    # no action at all is the root cause even when the watchdog then held the arm (a loaded machine can
+    # stretch a short run past the watchdog deadline): it is a no-action deploy, not a watchdog one
     if outcome == "ok" and sent == 0:
         outcome = "no_action"
         status = f"no action executed in {sum(e.steps for e in episodes)} steps"
         if client is not None and client.last_error:
             status += f" (last policy server error: {client.last_error})"
+        if fired:
+            status += f"; the watchdog held the arm {len(fired)} time(s)"
+    if outcome == "ok" and fired:
+        outcome = "watchdog"
+        status = (f"watchdog: the arm was held {len(fired)} time(s), no valid command for "
+                  f"{robot.config.watchdog_deadline_ms:g} ms")
     if server_exit is not None and server_exit != 0 and outcome != "ok":
         status += f"; the policy server exited with code {server_exit}"
     summary = {"robot": rcfg.name, "robot_type": "sim" if cfg.dry_run else robot_type, "dry_run": bool(cfg.dry_run),

@@ -23,8 +23,10 @@ registry entries); `sims.manip_scene` reads their state (sub-goals, their truths
 """
 from __future__ import annotations
 
+import atexit
 import os
 import string
+import weakref
 from dataclasses import dataclass
 
 import gymnasium
@@ -213,10 +215,27 @@ def check_gl(model, size: int = 8) -> None:
 def offscreen_renderer(env: gymnasium.Env, size: int):
     """A MuJoCo offscreen renderer of `env`'s model, shadows and reflections off (much faster at small
     sizes), after checking that an OpenGL backend works."""
+    global _CLOSE_AT_EXIT
     wrappers.disable_costly_rendering(env)
     model = env.unwrapped.model
     check_gl(model)
-    return _mujoco().Renderer(model, height=size, width=size)
+    renderer = _mujoco().Renderer(model, height=size, width=size)
+    if not _CLOSE_AT_EXIT:   # registered after EGL's own eglTerminate hook, so it runs before it
+        atexit.register(_close_renderers)
+        _CLOSE_AT_EXIT = True
+    _RENDERERS.add(renderer)
+    return renderer
+
+
+_RENDERERS: weakref.WeakSet = weakref.WeakSet()
+_CLOSE_AT_EXIT = False
+
+
+def _close_renderers() -> None:
+    """Close live renderers while EGL still runs: left to garbage collection after EGL's exit hook, each
+    printed an EGLError traceback at interpreter exit."""
+    for renderer in list(_RENDERERS):
+        renderer.close()
 
 
 def task_info(name: str, task_id: int) -> dict:
@@ -361,6 +380,7 @@ class ManipObservation(gymnasium.ObservationWrapper, RecordConstructorArgs):
         apply_image_variation(env.unwrapped.model, self.variation)
         obs_spaces = dict(env.observation_space.spaces)
         self._renderer = None
+        self._skip_frames = False
         if self.images:
             bad = [c for c in self.images if c not in CAMERAS]
             if bad:
@@ -375,15 +395,21 @@ class ManipObservation(gymnasium.ObservationWrapper, RecordConstructorArgs):
             obs_spaces[TASK_KEY] = spaces.Text(max_length=1000, charset=string.printable)
         self.observation_space = spaces.Dict(obs_spaces)
 
+    def skip_frames_once(self) -> None:
+        """Leave the camera frames out of the next observation only (`sims.skip_next_frames`)."""
+        self._skip_frames = True
+
     def reset(self, *, seed=None, options=None):
         obs, info = self.env.reset(seed=seed, options=options)
+        self._skip_frames = False   # a reset's observation always carries its frames
         if self.variation == "distractor":
             rng = np.random.default_rng(None if seed is None else [int(seed), 11])
             self._distractor_pos = distractor_position(self.env.unwrapped, rng)
         return self.observation(obs), info
 
     def observation(self, observation):
-        if self._renderer is not None:
+        skip, self._skip_frames = self._skip_frames, False
+        if self._renderer is not None and not skip:
             data = self.env.unwrapped._data
             for cam in self.images:
                 self._renderer.update_scene(data, camera=cam)

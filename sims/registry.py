@@ -99,6 +99,17 @@ def make(
     return env
 
 
+def skip_next_frames(env: gymnasium.Env) -> None:
+    """Leave the camera frames out of `env`'s next observation (one step; rendering is most of a
+    manipulation step's cost). For callers that know nobody reads them, e.g. mid-chunk; a no-op for
+    envs that render none. A policy handed such an observation fails loudly on the missing key."""
+    try:
+        skip = env.get_wrapper_attr("skip_frames_once")
+    except AttributeError:
+        return
+    skip()
+
+
 def normalized_score(name: str, episode_return: float) -> float | None:
     """D4RL normalised score, 100 (R - min) / (max - min); None when the task has no reference."""
     task_spec = spec(name)

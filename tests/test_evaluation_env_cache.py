@@ -23,3 +23,34 @@ def test_the_env_cache_closes_the_least_recently_used_kinds_beyond_its_bound(mon
     for envs in evaluation._ENV_CACHE.values():
         for env in envs:
             env.close()
+
+
+def test_a_vla_evaluation_renders_only_the_frames_its_policy_reads(monkeypatch):
+    """Mid-chunk frames are skipped (`sims.skip_next_frames`); every chunk call still gets its frames, and the
+    episodes are step for step those of an evaluation that renders everything."""
+    import numpy as np
+
+    import sims
+    from embodied.constants import STATE_KEY, image_key
+
+    def run(skip: bool):
+        if not skip:
+            monkeypatch.setattr(sims, "skip_next_frames", lambda env: None)
+        calls = []
+
+        def chunk_policy(obs):
+            calls.append(obs[image_key("front")].shape)   # a missing frame would raise KeyError here
+            rng = np.random.default_rng(int(1000 * obs[STATE_KEY][0, 0]) % 2**32)
+            return rng.uniform(-1, 1, (len(obs[STATE_KEY]), 3, 5)).astype(np.float32)
+
+        result = evaluation.evaluate("cube-single", None, 2, seed=5, chunk_policy=chunk_policy, execute_horizon=3,
+                                     full_obs=True, env_kwargs=dict(images=("front",), image_size=32,
+                                                                    max_episode_steps=10))
+        monkeypatch.undo()
+        return result, calls
+
+    skipped, calls = run(skip=True)
+    rendered, all_calls = run(skip=False)
+    assert len(calls) == len(all_calls) == 4 and all(shape == (2, 32, 32, 3) for shape in calls)   # steps 0, 3, 6, 9
+    np.testing.assert_array_equal(skipped.states, rendered.states)
+    np.testing.assert_array_equal(skipped.returns, rendered.returns)

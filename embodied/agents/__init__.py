@@ -29,6 +29,7 @@ _AGENTS = {
     "dppo": ("embodied.agents.dppo:DPPO", "embodied.agents.dppo:DPPOConfig", {}),   # online phase of dppo.DPPORunner
     "tdmpc2": ("embodied.agents.tdmpc2:TDMPC2", "embodied.agents.tdmpc2:TDMPC2Config", {}),  # world model + MPPI
     "vla_bc": ("embodied.agents.vla_bc:VLABC", "embodied.agents.vla_bc:VLABCConfig", {}),  # images + language
+    "vla_qc": ("embodied.agents.vla_qc:VLAQC", "embodied.agents.vla_qc:VLAQCConfig", {}),  # online, from vla_bc
 }
 
 
@@ -47,11 +48,13 @@ def config_class(name: str):
 
 # How the online phase continues from the offline agent (the switch). "same" keeps the offline agent and its
 # loss; "sac" swaps the loss to SAC on the pretrained networks (WSRL, naive, Cal-QL -> SAC); "dppo" runs
-# PPO through a pretrained diffusion policy's denoising chain. Without pretraining any agent may learn online.
+# PPO through a pretrained diffusion policy's denoising chain; "vla_qc" learns a chunk critic over a
+# pretrained VLA and acts best-of-N over its samples. Without pretraining any agent may learn online.
 SWITCHES = {
     "same": {"cql", "calql", "iql", "bc", "bc_diffusion", "bc_flow", "fql", "qc", "qc_fql", "tdmpc2", "vla_bc"},
     "sac": {"cql", "calql", "iql", "bc", "sac"},
     "dppo": {"bc_diffusion"},
+    "vla_qc": {"vla_bc"},   # a chunk critic and best-of-N over the pretrained VLA's samples
 }
 
 
@@ -104,8 +107,23 @@ def _check_type(agent: str, key: str, value, default) -> None:
         raise ConfigError(f"{agent} option {key}={value!r} should be a {type(default).__name__}")
 
 
+# Agents that exist only on top of a pretrained one (name -> the offline agent they continue): built with
+# `continue_from`, never from scratch.
+CONTINUATIONS = {"vla_qc": "vla_bc"}
+
+
 def make(name: str, obs_dim: int, act_dim: int, overrides: dict | None = None, device: str = "cpu", seed: int = 0):
+    if name in CONTINUATIONS:
+        raise ConfigError(f"agent {name} fine-tunes a pretrained {CONTINUATIONS[name]} and cannot start from scratch; "
+                          f"pretrain one (offline_algo={CONTINUATIONS[name]}) or pass pretrained=<its run>")
     return _load(_lookup(name)[0])(obs_dim, act_dim, make_config(name, overrides), device=device, seed=seed)
+
+
+def continue_from(name: str, pretrained, overrides: dict | None = None, seed: int = 0):
+    """The online agent `name` built on a pretrained agent of the kind it continues (CONTINUATIONS)."""
+    if CONTINUATIONS.get(name) is None:
+        raise ConfigError(f"agent {name} does not continue a pretrained agent; build it with agents.make")
+    return _load(_lookup(name)[0]).from_agent(pretrained, make_config(name, overrides), seed=seed)
 
 
 def _lookup(name: str):

@@ -110,15 +110,16 @@ class VLABC(Agent):
 
 
 def evaluate_tasks(env: str, tasks: list[int], chunk_fn, agent_cfg, episodes: int, task_seed, variation: str = "none",
-                   prefix: str = "eval", **evaluate_kwargs) -> dict:
+                   prefix: str = "eval", execute_horizon: int | None = None, **evaluate_kwargs) -> dict:
     """Success and return per task of a suite under one variation, and their means: `chunk_fn(seed)` is the
-    policy over batched observation dicts (fresh noise per chunk), `task_seed(task)` the first start seed.
+    policy over batched observation dicts (fresh noise per chunk), `task_seed(task)` the first start seed,
+    `execute_horizon` the actions run open-loop per chunk (None: the VLA's chunk).
     Keys: `<prefix>/task<k>/success`, `<prefix>/task<k>/return`, `<prefix>/success`, `<prefix>/return`."""
     metrics, successes, returns = {}, [], []
     for task in tasks:
         seed = task_seed(task)   # the same start states at every eval, and in every variation
         result = evaluate(env, None, episodes, seed=seed, env_kwargs=suite_env_kwargs(agent_cfg, task, variation),
-                          chunk_policy=chunk_fn(seed), obs_horizon=1, execute_horizon=agent_cfg.chunk,
+                          chunk_policy=chunk_fn(seed), obs_horizon=1, execute_horizon=execute_horizon or agent_cfg.chunk,
                           max_envs=CHUNK_EVAL_ENVS, full_obs=True, **evaluate_kwargs)
         task_metrics = result.metrics()
         metrics[f"{prefix}/task{task}/success"] = task_metrics.get("eval/success", 0.0)
@@ -160,7 +161,7 @@ class VLARunner(Runner):
         return self.dataset
 
     def _env_kwargs(self, task: int, variation: str = "none") -> dict:
-        return suite_env_kwargs(self.agent.cfg, task, variation)
+        return suite_env_kwargs(self.offline_agent.cfg, task, variation)
 
     def _task_seed(self, task: int) -> int:
         return self._eval_seed() + 100 * task
@@ -177,8 +178,9 @@ class VLARunner(Runner):
 
     def _evaluate_tasks(self, variation: str, prefix: str) -> dict:
         cfg = self.cfg
-        return evaluate_tasks(cfg.env, self.tasks, self._chunk_fn, self.agent.cfg, cfg.eval_episodes, self._task_seed,
-                              variation, prefix, gamma=cfg.gamma, reward_transform=self.rewards)
+        return evaluate_tasks(cfg.env, self.tasks, self._chunk_fn, self.offline_agent.cfg, cfg.eval_episodes,
+                              self._task_seed, variation, prefix, execute_horizon=self.agent.execute_horizon,
+                              gamma=cfg.gamma, reward_transform=self.rewards)
 
     def evaluate(self, step: int, total_step: int) -> dict:
         metrics = self._evaluate_tasks("none", "eval")

@@ -27,10 +27,16 @@ CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available
 
 
 def build(name: str, device: str = "cpu", init_seed: int = 0):
-    """The registry's agent (preset values included) with small networks; `init_seed` seeds the weights."""
+    """The registry's agent (preset values included) with small networks; `init_seed` seeds the weights. An
+    agent that continues a pretrained one (agents.CONTINUATIONS) is built on a small agent of that kind."""
     fields = {f.name for f in dataclasses.fields(agents.config_class(name))}
+    small = {k: v for k, v in SMALL.items() if k in fields}
+    if name in agents.CONTINUATIONS:
+        base = build(agents.CONTINUATIONS[name], device=device)
+        torch.manual_seed(init_seed)
+        return agents.continue_from(name, base, small, seed=0)
     torch.manual_seed(init_seed)
-    return agents.make(name, OBS, ACT, {k: v for k, v in SMALL.items() if k in fields}, device=device, seed=0)
+    return agents.make(name, OBS, ACT, small, device=device, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +69,15 @@ def training_batch(agent, buf: ReplayBuffer, n: int = 32, seed: int = 0) -> dict
         return {"cond": cond, "latents": latents, "old_log_probs": old,
                 "advantages": torch.randn(n, generator=g).to(agent.device),
                 "returns": torch.randn(n, generator=g).to(agent.device)}
+    if hasattr(agent, "candidates"):   # vla_qc: chunk-boundary rows with the next state's VLA samples
+        chunks = buf.sample_chunks(n, agent.chunk_horizon)
+        g = torch.Generator().manual_seed(seed)
+        text = torch.randn(n, agent.actor.text_dim, generator=g).numpy()
+        candidates = torch.rand(n, agent.cfg.num_samples, agent.horizon, ACT, generator=g).numpy() * 2 - 1
+        return {"observations": chunks["observations"], "text": text, "actions": chunks["actions"],
+                "rewards": chunks["rewards"], "valid": chunks["valid"], "terminals": chunks["terminals"],
+                "next_observations": chunks["next_observations"][:, -1], "next_text": text,
+                "next_candidates": candidates}
     if hasattr(agent, "act_chunk"):
         return buf.sample_chunks(n, agent.chunk_horizon)
     return buf.sample(n)
@@ -121,7 +136,8 @@ def test_act_shapes(name):
         # fixed draw per batch row (the old evaluation) made success depend on the eval's batch width.
         stream = torch.Generator().manual_seed(7)
         first, second = (agent.act_chunk(history, deterministic=True, generator=stream) for _ in range(2))
-        draws_noise = getattr(agent.actor, "head", "flow") == "flow"   # the VLA's L1 and AR heads decode none
+        # the VLA's L1 and AR heads decode no noise, unless the agent draws samples to choose among (best-of-N)
+        draws_noise = getattr(agent.actor, "head", "flow") == "flow" or getattr(agent, "stochastic_extraction", False)
         assert not np.allclose(first, second) if draws_noise else np.array_equal(first, second)
         np.testing.assert_array_equal(agent.act_chunk(history, deterministic=True,
                                                       generator=torch.Generator().manual_seed(7)), first)

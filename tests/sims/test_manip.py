@@ -60,6 +60,30 @@ def test_check_env_with_images_and_language():
     env.close()
 
 
+def test_skip_next_frames_leaves_out_one_observations_frames_and_nothing_else():
+    env = sims.make("cube-single", images=("front",), image_size=32, language=True)
+    twin = sims.make("cube-single", images=("front",), image_size=32, language=True)
+    obs, _ = env.reset(seed=3)
+    twin.reset(seed=3)
+    action = np.full(5, 0.3, np.float32)
+    sims.skip_next_frames(env)
+    skipped, *_ = env.step(action)
+    full, *_ = twin.step(action)
+    assert set(skipped) == {"observation.state", "task"}                        # the frames only, for this step
+    np.testing.assert_array_equal(skipped["observation.state"], full["observation.state"])   # physics untouched
+    after, *_ = env.step(action)
+    twin_after, *_ = twin.step(action)
+    np.testing.assert_array_equal(after["observation.images.front"], twin_after["observation.images.front"])
+    sims.skip_next_frames(env)
+    assert "observation.images.front" in env.reset(seed=4)[0]                 # a reset always renders
+    state_only = sims.make("cube-single")
+    state_only.reset(seed=0)
+    sims.skip_next_frames(state_only)                                          # no frames: a no-op
+    assert set(state_only.step(action)[0]) == {"observation.state"}
+    for e in (env, twin, state_only):
+        e.close()
+
+
 def test_sparse_reward_success_and_scene_agree_along_an_oracle_episode():
     env = sims.make("cube-single", seed=0)
     preds = env.get_wrapper_attr("subgoals")()

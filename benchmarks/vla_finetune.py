@@ -1,0 +1,109 @@
+"""VLA fine-tuning gain and forgetting: `algo=vla_qc` from one saved pretraining, per fine-tuned task and
+seed, one job at a time (each uses both cores). Per job: the fine-tuned task's success before (end of
+pretraining, the VLA alone) and after (best-of-N with the learned critic), the other tasks' success before
+and after (forgetting), and the mean action distance to the VLA's samples over the last online records.
+Success CIs are Wilson intervals over the pooled episodes of all seeds (the pretraining is shared, so the
+seeds vary the critic's init, the exploration noise and the online episodes).
+
+    python benchmarks/vla_finetune.py --pretrained RUN --tasks 2 4 --seeds 3 --online-steps 3000 \
+        -- eval.episodes=10 budget.batch_size=256
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from benchmarks.machine import cpu_info, uptime  # noqa: E402
+from embodied.stats import wilson  # noqa: E402
+
+
+def last_online_mean(metrics: Path, key: str, records: int = 3) -> float | None:
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    values = [line[key] for line in lines if line.get("phase") == "online" and key in line][-records:]
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def pooled(rates: list[float], episodes: int) -> dict:
+    wins = round(sum(rates) * episodes)
+    n = episodes * len(rates)
+    return {"success": round(wins / n, 3), "ci95": wilson(wins, n), "per_seed": rates}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pretrained", type=Path, required=True, help="a vla_bc/vla_qc run with the flow head")
+    parser.add_argument("--env", default="cube-single-suite")
+    parser.add_argument("--dataset-size", type=int, default=2000, help="the pretraining's dataset.size")
+    parser.add_argument("--tasks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--online-steps", type=int, default=3000)
+    parser.add_argument("--out", type=Path, default=None, help="run root (default benchmarks/results/raw/..., ignored)")
+    parser.add_argument("--json", type=Path, default=None, help="summary JSON (default benchmarks/results/...)")
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every job")
+    args = parser.parse_args()
+    stamp = f"{datetime.now():%Y%m%d-%H%M%S}"
+    root = args.out or REPO / "benchmarks" / "results" / "raw" / f"vla_finetune_{stamp}"
+    root.mkdir(parents=True, exist_ok=True)
+    machine = {"cpu": cpu_info(), "load_before": uptime()}
+    jobs = []
+    for task in args.tasks:
+        for seed in range(args.seeds):
+            run_dir = root / f"task{task}_s{seed}"
+            command = [sys.executable, "-m", "embodied.train", "algo=vla_qc", f"env={args.env}", "dataset=task",
+                       f"dataset.size={args.dataset_size}", f"pretrained={args.pretrained}",
+                       f"algo.online_agent.task={task}", f"seed={seed}", f"budget.online_steps={args.online_steps}",
+                       f"eval.every_online={args.online_steps}", "checkpoint.every=0", "eval.video_episodes=0",
+                       "logger=jsonl", "progress=false", "threads=2", f"hydra.run.dir={run_dir}", *args.overrides]
+            print(f"[task {task} seed {seed}] {' '.join(command[2:])}", flush=True)
+            started = time.time()
+            with open(root / f"task{task}_s{seed}.log", "w") as log:
+                code = subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
+            if code != 0:
+                print(f"  failed ({code}): see {root / f'task{task}_s{seed}.log'}", flush=True)
+                continue
+            summary = json.loads((run_dir / "summary.json").read_text())
+            job = {"task": task, "seed": seed, "wall_s": round(time.time() - started, 1), **summary["finetune"],
+                   "action_distance": last_online_mean(run_dir / "metrics.jsonl", "finetune/action_distance"),
+                   "candidate_spread": last_online_mean(run_dir / "metrics.jsonl", "finetune/candidate_spread"),
+                   "episodes": summary["episodes"]}
+            jobs.append(job)
+            print(f"  task {task}: {job['success_before']:.2f} -> {job['success_after']:.2f}; other tasks "
+                  f"{job['other_tasks_before']} -> {job['other_tasks_after']} ({job['wall_s']:.0f} s)", flush=True)
+    tables = {}
+    for task in args.tasks:
+        runs = [j for j in jobs if j["task"] == task]
+        if not runs:
+            continue
+        episodes = runs[0]["episodes"]
+        others = sorted(runs[0]["other_tasks_before"])
+        mean = lambda rows: [sum(r[t] for t in others) / len(others) for r in rows]
+        tables[task] = {
+            "seeds": len(runs), "episodes_per_seed": episodes,
+            "before": pooled([r["success_before"] for r in runs], episodes),
+            "after": pooled([r["success_after"] for r in runs], episodes),
+            "other_tasks_before": pooled(mean([r["other_tasks_before"] for r in runs]), episodes * len(others)),
+            "other_tasks_after": pooled(mean([r["other_tasks_after"] for r in runs]), episodes * len(others)),
+            "action_distance": [r["action_distance"] for r in runs],
+            "candidate_spread": [r["candidate_spread"] for r in runs],
+        }
+    result = {"benchmark": "vla_finetune", "pretrained": str(args.pretrained), "env": args.env,
+              "online_steps": args.online_steps, "overrides": args.overrides, "machine": machine,
+              "load_after": uptime(), "jobs": jobs, "tables": tables}
+    out = args.json or REPO / "benchmarks" / "results" / f"vla_finetune-{stamp}.json"
+    out.write_text(json.dumps(result, indent=2))
+    for task, table in tables.items():
+        print(f"task {task}: {table['before']['success']:.2f} {table['before']['ci95']} -> "
+              f"{table['after']['success']:.2f} {table['after']['ci95']}; other tasks "
+              f"{table['other_tasks_before']['success']:.2f} -> {table['other_tasks_after']['success']:.2f}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,342 @@
+"""Online RL fine-tuning of a pretrained VLA, off-policy and in chunks: Q-chunking's best-of-N over the
+VLA's own samples (route (a) of the VLA fine-tuning issue).
+
+    python -m embodied.train algo=vla_qc env=cube-single-suite dataset=task algo.online_agent.task=2
+
+The pretrained VLA (`policies/vla.py`, trained by `vla_bc.py`) stays frozen. A critic over chunks,
+Q(s, instruction, a_{t:t+h}), learns online with Q-chunking's unbiased h-step backup
+
+    target = sum_{i<h} gamma^i r_{t+i} + gamma^{sum valid} (1 - terminal) Q'(s_{t+h}, l, a*),
+    a* = argmax_j Q(s_{t+h}, l, a^j)
+
+where a^1..a^N are N = 32 chunks the VLA samples at s_{t+h} (flow noise, or the parallel head's
+Laplace samples); as in QC's code the online critic picks a* and the target critic values it. A chunk
+that meets an episode end sums the rewards it got (`valid`) and does not bootstrap past a true terminal,
+as the repo's other chunk critics do (`chunking.chunk_td_target`; QC instead drops such chunks from the
+loss, which here would drop every success: the suite's episodes end on success). The agent acts with the argmax-Q candidate (QC's best-of-N extraction) and executes
+it open-loop. The critic reads the state and the instruction's frozen text embedding, not the frames
+(an asymmetric critic: the simulator's state is at hand during fine-tuning; the policy still acts from
+the camera), so fine-tuning costs no image encoder passes beyond the VLA's sampling.
+
+What departs from QC (named, listed in benchmarks/RESULTS.md):
+- `finetune=frozen`: the VLA does not learn (QC keeps training its flow policy with BC); only the
+  critic does. The policy can only move within the VLA's own samples, which bounds forgetting.
+- Transitions are stored at chunk boundaries only: the N candidates drawn there to act are the next
+  state's target candidates, so targets need no image replay and no extra VLA call (QC samples chunk
+  starts at every step and draws fresh target samples). Updates per env step are the runner's `utd`.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+import sims
+from embodied import agents
+from embodied.agents.base import Agent
+from embodied.agents.chunking import chunk_td_target
+from embodied.agents.nets import CriticEnsemble, adam, soft_update, to_torch
+from embodied.agents.runner import mean_metrics
+from embodied.agents.vla_bc import VLARunner
+from embodied.constants import STATE_KEY
+from embodied.errors import ConfigError
+from embodied.evaluation import stack_observations
+
+FINETUNE_MODES = ("frozen",)
+
+
+@dataclass
+class VLAQCConfig:
+    task: int = 1                              # the suite task fine-tuned online; evaluation covers all of them
+    horizon: int = 8                           # critic and execution chunk, <= the VLA's (8: all of it)
+    num_samples: int = 32                      # QC's best-of-N (acting and targets)
+    hidden: tuple[int, ...] = (512, 512, 512, 512)  # QC's value network
+    num_critics: int = 2                       # QC
+    q_agg: str = "mean"                        # QC; "min" is a knob
+    critic_layernorm: bool = True              # QC
+    text_features: int = 64                    # the instruction embedding's projection before the critic MLP
+    lr: float = 3e-4                           # QC
+    gamma: float = 0.99
+    tau: float = 0.005                         # QC
+    finetune: str = "frozen"                   # what of the VLA learns: frozen = nothing (the critic only)
+
+
+class CandidateCritic(nn.Module):
+    """Q ensemble over (normalised state, projected instruction embedding, normalised chunk): [N, B]."""
+
+    def __init__(self, obs_dim: int, text_dim: int, chunk_dim: int, cfg: VLAQCConfig):
+        super().__init__()
+        self.text_proj = nn.Linear(text_dim, cfg.text_features)
+        self.q = CriticEnsemble(obs_dim + cfg.text_features, chunk_dim, cfg.hidden, cfg.num_critics,
+                                cfg.critic_layernorm)
+
+    def forward(self, state: torch.Tensor, text: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
+        return self.q(torch.cat([state, self.text_proj(text)], -1), chunk.flatten(1))
+
+
+class VLAQC(Agent):
+    stochastic_extraction = True   # best-of-N draws VLA samples whatever the head
+
+    def __init__(self, obs_dim: int, act_dim: int, cfg: VLAQCConfig = VLAQCConfig(), device: str = "cpu",
+                 seed: int = 0, vla=None):
+        if vla is None:
+            raise ConfigError("algo=vla_qc fine-tunes a pretrained VLA: it continues offline_algo=vla_bc "
+                              "(set algo=vla_qc, or pretrained=<a vla_bc run>)")
+        if cfg.finetune not in FINETUNE_MODES:
+            raise ConfigError(f"algo.online_agent.finetune={cfg.finetune!r}: only {', '.join(FINETUNE_MODES)} "
+                              "is built (the critic learns, the VLA stays as pretrained)")
+        horizon = cfg.horizon
+        if not 1 <= horizon <= vla.chunk:
+            raise ConfigError(f"algo.online_agent.horizon={cfg.horizon} must be in 1..{vla.chunk} (the VLA's chunk "
+                              f"algo.offline_agent.chunk={vla.chunk}); set algo.online_agent.horizon={vla.chunk}")
+        if cfg.num_samples < 1 or cfg.q_agg not in ("mean", "min"):
+            raise ConfigError("algo.online_agent.num_samples must be >= 1 and q_agg one of mean, min")
+        super().__init__(obs_dim, act_dim, cfg, device, seed)
+        torch.manual_seed(seed)  # critic init
+        self.actor = vla.requires_grad_(False).eval()   # frozen: what deploys is still the pretrained VLA
+        self.horizon = horizon
+        self.chunk_horizon = self.execute_horizon = horizon
+        self.obs_horizon = 1
+        self.critic = CandidateCritic(obs_dim, vla.text_dim, horizon * act_dim, cfg).to(self.device)
+        self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
+        self.critic_optimizer = adam(self.critic.parameters(), cfg.lr)
+
+    @classmethod
+    def from_agent(cls, vla_agent, cfg: VLAQCConfig, seed: int = 0) -> "VLAQC":
+        return cls(vla_agent.obs_dim, vla_agent.act_dim, cfg, str(vla_agent.device), seed, vla=vla_agent.actor)
+
+    # -- the VLA's candidates and their values ---------------------------------------------------------
+    @torch.no_grad()
+    def candidates(self, obs: dict, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """N sampled chunks [B, N, h, A] (raw actions) for a batched observation dict, and the rows'
+        instruction embeddings [B, text_dim]. The frames and instruction are encoded once per row."""
+        vla, n = self.actor, self.cfg.num_samples
+        state, images, tasks, _ = vla._inputs(obs)
+        prefix = vla.prefix(state, images, tasks).repeat_interleave(n, 0)
+        chunks = vla.unnormalize_actions(vla.generate(prefix, deterministic=False, generator=generator))
+        return chunks[:, : self.horizon].reshape(state.shape[0], n, self.horizon, self.act_dim), vla.embed_text(tasks)
+
+    def q(self, critic: nn.Module, state: torch.Tensor, text: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
+        """Aggregated Q [B] of raw states [B, obs], embeddings [B, text_dim] and raw chunks [B, h, A]."""
+        vla = self.actor
+        values = critic((state - vla.obs_mean) / vla.obs_std, text, vla.normalize_actions(chunk))
+        return values.mean(0) if self.cfg.q_agg == "mean" else values.min(0).values
+
+    def best(self, critic: nn.Module, state: torch.Tensor, text: torch.Tensor,
+             candidates: torch.Tensor) -> torch.Tensor:
+        """The argmax-Q chunk [B, h, A] among candidates [B, N, h, A] under `critic`."""
+        b, n = candidates.shape[:2]
+        scores = self.q(critic, state.repeat_interleave(n, 0), text.repeat_interleave(n, 0),
+                        candidates.flatten(0, 1)).view(b, n)
+        return candidates[torch.arange(b, device=candidates.device), scores.argmax(1)]
+
+    @torch.no_grad()
+    def select(self, obs: dict, generator: torch.Generator | None = None) -> dict[str, np.ndarray]:
+        """Act at a chunk boundary: the candidates, the chosen chunk and the instruction embedding."""
+        candidates, text = self.candidates(obs, generator)
+        state = torch.as_tensor(np.asarray(obs[STATE_KEY], np.float32), device=self.device).reshape(
+            candidates.shape[0], -1)
+        chunk = self.best(self.critic, state, text, candidates)
+        return {"candidates": candidates.cpu().numpy(), "chunk": chunk.cpu().numpy(), "text": text.cpu().numpy()}
+
+    @torch.no_grad()
+    def act_chunk(self, obs, deterministic: bool = False, generator: torch.Generator | None = None) -> np.ndarray:
+        """[B, h, A]: best-of-N over VLA samples (QC acts and evaluates this way), for a batched observation
+        dict or state histories [B, To, obs] (a state-only VLA). Deterministic without a `generator`: fixed
+        noise, so the choice is a function of the observation."""
+        if not isinstance(obs, dict):
+            obs = {STATE_KEY: np.asarray(obs, np.float32)[:, -1]}
+        if generator is None and deterministic:
+            generator = torch.Generator(device=self.device).manual_seed(0)
+        return self.select(obs, generator)["chunk"]
+
+    def act(self, obs, deterministic: bool = False) -> np.ndarray:
+        state = obs[STATE_KEY] if isinstance(obs, dict) else obs
+        single = np.ndim(state) == 1
+        if not isinstance(obs, dict):
+            obs = {STATE_KEY: np.asarray(obs, np.float32).reshape(-1, self.obs_dim)}
+        chunk = self.act_chunk(obs, deterministic)[:, 0]
+        return chunk[0] if single else chunk
+
+    # -- update ----------------------------------------------------------------------------------------
+    def update(self, batch) -> dict[str, float]:
+        """One critic step on a ChunkReplay batch (observations, text, actions [B, h, A], rewards, valid,
+        terminals [B, h], next_observations, next_text, next_candidates [B, N, h, A])."""
+        batch = to_torch(batch, self.device)
+        with torch.no_grad():  # QC: the online critic picks the next chunk, the target critic values it
+            next_obs, next_text = batch["next_observations"], batch["next_text"]
+            next_chunk = self.best(self.critic, next_obs, next_text, batch["next_candidates"])
+            next_q = self.q(self.target_critic, next_obs, next_text, next_chunk)
+            target = chunk_td_target(batch["rewards"], batch["valid"], batch["terminals"], next_q, self.cfg.gamma)
+        vla = self.actor
+        q = self.critic((batch["observations"] - vla.obs_mean) / vla.obs_std, batch["text"],
+                        vla.normalize_actions(batch["actions"]))
+        loss = ((q - target) ** 2).mean()   # QC: the mean over critics and batch
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.critic_optimizer.step()
+        soft_update(self.target_critic, self.critic, self.cfg.tau)
+        return {"critic_loss": float(loss.detach()), "q_mean": float(q.detach().mean()),
+                "target_q_mean": float(target.mean())}
+
+    def _modules(self) -> dict:
+        return {"critic": self.critic, "target_critic": self.target_critic}
+
+    def _optimizers(self) -> dict:
+        return {"critic_optimizer": self.critic_optimizer}
+
+
+class ChunkReplay:
+    """Chunk-boundary transitions for `VLAQC.update`: everything the h-step backup reads, no frames."""
+
+    KEYS = ("observations", "text", "actions", "rewards", "valid", "terminals", "next_observations", "next_text",
+            "next_candidates")
+
+    def __init__(self, capacity: int, obs_dim: int, text_dim: int, horizon: int, act_dim: int, num_samples: int,
+                 seed: int = 0):
+        shapes = {"observations": (obs_dim,), "text": (text_dim,), "actions": (horizon, act_dim),
+                  "rewards": (horizon,), "valid": (horizon,), "terminals": (horizon,),
+                  "next_observations": (obs_dim,), "next_text": (text_dim,),
+                  "next_candidates": (num_samples, horizon, act_dim)}
+        self.data = {k: np.zeros((capacity, *shape), np.float32) for k, shape in shapes.items()}
+        self.capacity, self.size, self.cursor = capacity, 0, 0
+        self.rng = np.random.default_rng(seed)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def add(self, **row) -> None:
+        if set(row) != set(self.KEYS):
+            raise ValueError(f"ChunkReplay.add takes {', '.join(self.KEYS)}; got {', '.join(sorted(row))}")
+        for key, value in row.items():
+            self.data[key][self.cursor] = value
+        self.cursor = (self.cursor + 1) % self.capacity
+        self.size = min(self.size + 1, self.capacity)
+
+    def sample(self, batch_size: int) -> dict[str, np.ndarray]:
+        index = self.rng.integers(0, self.size, batch_size)
+        return {k: v[index] for k, v in self.data.items()}
+
+
+class VLAQCRunner(VLARunner):
+    """VLARunner with the online phase of `online_algo=vla_qc`: one env of the fine-tuned task (frames and
+    the instruction), a chunk per boundary, chunk transitions into a ChunkReplay, `utd` critic updates per
+    env step. The switch knobs are the runner's: `warmup_steps` act with the VLA's own sample (no
+    selection, no updates), `random_steps` with uniform chunks; evaluation covers every task of the suite,
+    so the other tasks' success before and after is the forgetting measurement."""
+
+    def __init__(self, cfg, dataset, run_dir, logger, **kwargs):
+        super().__init__(cfg, dataset, run_dir, logger, **kwargs)
+        self.finetune_task = agents.make_config("vla_qc", cfg.online_agent).task   # in env.tasks: config_check
+
+    def _eval_seed(self) -> int:
+        """The eval start states of a seed-0 run whatever this run's seed: the fine-tunes of every seed are
+        evaluated on the states the (seed-0, default) pretraining's end-of-offline eval used, so before and
+        after are paired."""
+        return 10_000
+
+    def _online_agent(self):
+        return agents.continue_from("vla_qc", self.offline_agent, self.cfg.online_agent, seed=self.cfg.seed)
+
+    def _chunk_source(self, choice: dict) -> np.ndarray:
+        """The executed chunk at this boundary: per `action_source`, the VLA's own first sample (warmup),
+        uniform noise (random steps) or the argmax-Q candidate."""
+        source = self.action_source(self.online_step)
+        if source == "pretrained":
+            return choice["candidates"][0, 0]
+        if source == "random":
+            return self.rng.uniform(-1.0, 1.0, choice["chunk"].shape[1:]).astype(np.float32)
+        return choice["chunk"][0]
+
+    def _run_online(self) -> None:
+        cfg, agent = self.cfg, self.agent
+        h, n = agent.horizon, agent.cfg.num_samples
+        replay = ChunkReplay(max(1, min(cfg.replay_capacity, cfg.online_steps)), agent.obs_dim, agent.actor.text_dim,
+                             h, agent.act_dim, n, seed=cfg.seed + 1)
+        env = sims.make(cfg.env, **self._env_kwargs(self.finetune_task))
+        generator = torch.Generator(device=agent.device).manual_seed(cfg.seed + 11)
+        obs, _ = env.reset(seed=cfg.seed + 7)
+        episode_step, limit = 0, getattr(env.spec, "max_episode_steps", None) or float("inf")
+        # no eval at online step 0: with an untrained critic best-of-N picks a uniformly random sample, the
+        # VLA's own distribution, which the end-of-pretraining eval already measured on the same start states
+        bar = tqdm(total=cfg.online_steps, desc=f"online vla_qc task {self.finetune_task}", disable=not self.progress,
+                   dynamic_ncols=True)
+        pending, owed, episode_return, next_eval = None, 0, 0.0, cfg.eval_every_online
+        window, acting = [], []   # critic-update metrics; acting diagnostics per chunk
+        while self.online_step < cfg.online_steps:
+            choice = agent.select(stack_observations([obs]), generator)
+            if pending is not None:  # the last chunk's transition bootstraps from this state's candidates
+                replay.add(**pending, next_candidates=choice["candidates"][0])
+                pending = None
+            chunk, text, state = self._chunk_source(choice), choice["text"][0], obs[STATE_KEY].copy()
+            spread = np.linalg.norm(choice["candidates"][0] - choice["candidates"][0].mean(0), axis=-1).mean()
+            drift = np.linalg.norm(chunk - choice["candidates"][0].mean(0), axis=-1).mean()
+            rewards, valid, terminals = np.zeros(h, np.float32), np.zeros(h, np.float32), np.zeros(h, np.float32)
+            terminated = truncated = False
+            for i in range(h):
+                if i < h - 1 and episode_step + 1 < limit:
+                    sims.skip_next_frames(env)   # mid-chunk frames are never read: rendering is most of a step
+                obs, reward, terminated, truncated, info = env.step(chunk[i])
+                episode_step += 1
+                episode_return += float(reward)
+                rewards[i], valid[i], terminals[i:] = float(self.rewards(reward)), 1.0, float(terminated)
+                self.online_step += 1
+                bar.update(1)
+                if self.online_step > self.learning_start():
+                    owed += cfg.utd
+                if terminated or truncated or self.online_step >= cfg.online_steps:
+                    break
+            row = dict(observations=state, text=text, actions=chunk, rewards=rewards, valid=valid, terminals=terminals,
+                       next_observations=obs[STATE_KEY], next_text=text)
+            if terminated:  # no bootstrap past a true terminal: the candidates are never read
+                replay.add(**row, next_candidates=np.zeros((n, h, agent.act_dim), np.float32))
+            elif truncated:  # a time limit: bootstrap from the final state's own candidates
+                replay.add(**row, next_candidates=agent.candidates(stack_observations([obs]), generator)[0][0].cpu().numpy())
+            else:
+                pending = row
+            acting.append((drift, spread))
+            if terminated or truncated:
+                self.episodes_done += 1
+                self.logger.log({"online/episode_return": episode_return, "online/success": float(info.get("success", 0)),
+                                 "total_step": self.offline_step + self.online_step},
+                                step=self.online_step, phase="online", kind="train")
+                obs, _ = env.reset(seed=cfg.seed + 7 + self.online_step)
+                episode_return, episode_step = 0.0, 0
+            if owed and len(replay):
+                window += [agent.update(replay.sample(cfg.online_batch_size)) for _ in range(owed)]
+                owed = 0
+            if self.online_step // cfg.log_every > (self.online_step - h) // cfg.log_every and acting:
+                # action distance: the executed chunk from the mean of the VLA's samples at that state (the
+                # pretrained policy's mean action), against the samples' own spread around it
+                drift_mean, spread_mean = np.mean(acting, 0)
+                self.logger.log({**(mean_metrics(window) if window else {}), "finetune/action_distance": drift_mean,
+                                 "finetune/candidate_spread": spread_mean,
+                                 "total_step": self.offline_step + self.online_step},
+                                step=self.online_step, phase="online", kind="train")
+                window, acting = [], []
+            if self.online_step >= next_eval or self.online_step >= cfg.online_steps:
+                record = self.evaluate(self.online_step, self.offline_step + self.online_step)
+                bar.set_postfix(success=f"{record['eval/success']:.2f}")
+                next_eval += cfg.eval_every_online
+        bar.close()
+        env.close()
+
+    def _finish(self) -> dict:
+        summary = super()._finish()
+        before = self.end_of_offline or {}
+        after = self.eval_history[-1]
+        others = [t for t in self.tasks if t != self.finetune_task]
+        task_key = lambda t: f"eval/task{t}/success"
+        summary["finetune"] = {
+            "task": self.finetune_task,
+            "success_before": before.get(task_key(self.finetune_task)),
+            "success_after": after[task_key(self.finetune_task)],
+            "other_tasks_before": {t: before.get(task_key(t)) for t in others},
+            "other_tasks_after": {t: after[task_key(t)] for t in others},
+        }
+        return summary
+

@@ -1,0 +1,153 @@
+"""algo=vla_qc: a chunk critic over a frozen pretrained VLA, best-of-N over its samples (VLA fine-tuning
+route (a)). The backup and the choice against hand-computed values; the errors; a tiny end-to-end run."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from embodied import agents
+from embodied.agents.vla_qc import ChunkReplay
+from embodied.config_check import check_config
+from embodied.constants import STATE_KEY
+from embodied.errors import ConfigError
+from embodied.train import run
+from tests.agents.test_vla_bc import TINY, compose_train
+
+REPO = Path(__file__).resolve().parents[2]
+OBS, ACT, N, H = 4, 2, 3, 2
+SMALL_VLA = {"cameras": (), "chunk": H, "text_encoder": "hash", "vla_kwargs": {"dim": 16, "depth": 1, "num_heads": 2}}
+
+
+def build(**overrides):
+    base = agents.make("vla_bc", OBS, ACT, {**SMALL_VLA, "head": "flow"})
+    return agents.continue_from("vla_qc", base, {"num_samples": N, "horizon": H, "hidden": (16, 16), **overrides})
+
+
+def batch_of(agent, b: int = 5, seed: int = 0, terminal: bool = False) -> dict:
+    rng = np.random.default_rng(seed)
+    f = lambda *shape: rng.uniform(-1, 1, shape).astype(np.float32)
+    return {"observations": f(b, OBS), "text": f(b, agent.actor.text_dim), "actions": f(b, H, ACT),
+            "rewards": -np.ones((b, H), np.float32), "valid": np.ones((b, H), np.float32),
+            "terminals": np.full((b, H), float(terminal), np.float32), "next_observations": f(b, OBS),
+            "next_text": f(b, agent.actor.text_dim), "next_candidates": f(b, N, H, ACT)}
+
+
+def test_the_target_bootstraps_from_the_online_critics_choice_valued_by_the_target_critic():
+    agent = build()
+    with torch.no_grad():   # make the target critic differ from the online one
+        for p in agent.target_critic.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    batch = batch_of(agent)
+    t = {k: torch.as_tensor(v) for k, v in batch.items()}
+    with torch.no_grad():
+        online = torch.stack([agent.q(agent.critic, t["next_observations"], t["next_text"], t["next_candidates"][:, j])
+                              for j in range(N)], 1)
+        pick = t["next_candidates"][torch.arange(5), online.argmax(1)]
+        next_q = agent.q(agent.target_critic, t["next_observations"], t["next_text"], pick)
+        # gamma = 0.99, h = 2: -1 - 0.99 + 0.99^2 Q'(s', a*)
+        expected = -1.0 - 0.99 + 0.99 ** 2 * next_q
+        before = [p.clone() for p in agent.critic.parameters()]
+    metrics = agent.update(batch)
+    assert metrics["target_q_mean"] == pytest.approx(float(expected.mean()), rel=1e-5)
+    assert any(not torch.equal(a, b) for a, b in zip(before, agent.critic.parameters()))   # the critic learned
+
+
+def test_a_terminal_chunk_does_not_bootstrap():
+    agent = build()
+    metrics = agent.update(batch_of(agent, terminal=True))
+    assert metrics["target_q_mean"] == pytest.approx(-1.0 - 0.99, rel=1e-6)
+
+
+def test_the_agent_acts_with_the_argmax_q_candidate_and_the_vla_stays_frozen():
+    agent = build()
+    vla_before = {k: v.clone() for k, v in agent.actor.state_dict().items()}
+    for seed in range(3):
+        agent.update(batch_of(agent, seed=seed))
+    assert all(torch.equal(v, agent.actor.state_dict()[k]) for k, v in vla_before.items())
+    obs = {STATE_KEY: np.random.default_rng(1).normal(size=(2, OBS)).astype(np.float32), "task": "stack"}
+    choice = agent.select(obs, torch.Generator().manual_seed(3))
+    assert choice["candidates"].shape == (2, N, H, ACT) and choice["chunk"].shape == (2, H, ACT)
+    state = torch.as_tensor(obs[STATE_KEY]).repeat_interleave(N, 0)
+    text = torch.as_tensor(choice["text"]).repeat_interleave(N, 0)
+    with torch.no_grad():
+        q = agent.q(agent.critic, state, text, torch.as_tensor(choice["candidates"]).flatten(0, 1)).view(2, N)
+    best = q.argmax(1).numpy()
+    np.testing.assert_array_equal(choice["chunk"], choice["candidates"][np.arange(2), best])
+    # the same noise stream gives the same candidates and choice
+    again = agent.select(obs, torch.Generator().manual_seed(3))
+    np.testing.assert_array_equal(again["chunk"], choice["chunk"])
+
+
+def test_vla_qc_errors_name_the_field_and_the_fix():
+    with pytest.raises(ConfigError, match="fine-tunes a pretrained vla_bc"):
+        agents.make("vla_qc", OBS, ACT)
+    with pytest.raises(ConfigError, match="finetune='lora': only frozen"):
+        build(finetune="lora")
+    with pytest.raises(ConfigError, match=r"horizon=3 must be in 1..2"):
+        build(horizon=3)
+    with pytest.raises(ConfigError, match="does not continue a pretrained agent"):
+        agents.continue_from("qc", None)
+    agent = build()
+    replay = ChunkReplay(4, OBS, agent.actor.text_dim, H, ACT, N)
+    row = {k: v[0] for k, v in batch_of(agent).items()}
+    with pytest.raises(ValueError, match="ChunkReplay.add takes"):
+        replay.add(**{k: v for k, v in row.items() if k != "next_candidates"})
+    for _ in range(6):   # a ring: the oldest rows make way
+        replay.add(**row)
+    assert len(replay) == 4 and replay.sample(3)["next_candidates"].shape == (3, N, H, ACT)
+
+
+VLA_QC_TINY = ["algo=vla_qc", "env=cube-single-suite", "env.tasks=[1,2]", "dataset=task", "dataset.size=300",
+               "budget.offline_steps=6", "budget.online_steps=40", "budget.batch_size=8", "eval.episodes=1",
+               "eval.every_offline=6", "eval.every_online=40", "logger=jsonl", "progress=false", "threads=1",
+               "checkpoint.every=0", "eval.video_episodes=0", "log_every=16", "algo.online_agent.task=2",
+               "algo.online_agent.num_samples=4", "algo.online_agent.hidden=[32,32]", *TINY]
+
+
+def test_vla_qc_config_errors_before_any_work():
+    check_config(compose_train(VLA_QC_TINY))
+    with pytest.raises(ConfigError, match="algo.online_agent.task=7 is not in env.tasks"):
+        check_config(compose_train([*VLA_QC_TINY, "algo.online_agent.task=7"]))
+    with pytest.raises(ConfigError, match="set checkpoint.every=0"):
+        check_config(compose_train([*VLA_QC_TINY, "checkpoint.every=10"]))
+
+
+@pytest.mark.slow
+def test_vla_qc_fine_tunes_one_task_and_evaluates_every_task(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path / "cache"))
+    summary = run(compose_train(VLA_QC_TINY), tmp_path / "run")
+    finetune = summary["finetune"]
+    assert finetune["task"] == 2 and set(finetune["other_tasks_after"]) == {1}
+    assert 0.0 <= finetune["success_before"] <= 1.0 and 0.0 <= finetune["success_after"] <= 1.0
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    online = [line for line in lines if line["phase"] == "online"]
+    train = [line for line in online if line["kind"] == "train" and "train/critic_loss" in line]
+    assert [line["step"] for line in train] == [16, 32]   # 8-step chunks, a record every 16 env steps
+    assert all(np.isfinite(line["train/critic_loss"]) and line["finetune/action_distance"] >= 0 for line in train)
+    evals = [line for line in online if line["kind"] == "eval"]
+    assert [e["step"] for e in evals] == [40]   # "before" is the end-of-pretraining eval
+    assert {"eval/task1/success", "eval/task2/success"} <= set(evals[-1])
+    assert (tmp_path / "run" / "checkpoints" / "pretrained" / "state.json").is_file()   # fine-tune again: pretrained=
+    # benchmarks/vla_finetune.py: fine-tunes from that pretraining (no offline phase) and tables the result
+    out = tmp_path / "finetune.json"
+    overrides = [o for o in VLA_QC_TINY if o.split("=")[0] not in ("algo", "env", "dataset", "dataset.size",
+                                                                    "budget.online_steps", "eval.every_online",
+                                                                    "algo.online_agent.task", "checkpoint.every",
+                                                                    "eval.video_episodes", "logger", "progress",
+                                                                    "threads")]
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "vla_finetune.py"), "--pretrained", str(tmp_path / "run"),
+                    "--tasks", "1", "--seeds", "1", "--online-steps", "16", "--dataset-size", "300",
+                    "--out", str(tmp_path / "sweep"), "--json", str(out), "--", *overrides],
+                   check=True, cwd=REPO, timeout=900)
+    result = json.loads(out.read_text())
+    assert [(j["task"], j["seed"]) for j in result["jobs"]] == [(1, 0)]
+    table = result["tables"]["1"]
+    assert table["seeds"] == 1 and 0.0 <= table["after"]["success"] <= 1.0 and len(table["after"]["ci95"]) == 2
+    lines = (tmp_path / "sweep" / "task1_s0" / "metrics.jsonl").read_text().splitlines()
+    assert not any(json.loads(line)["phase"] == "offline" and json.loads(line)["kind"] == "train" for line in lines)
