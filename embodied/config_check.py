@@ -341,9 +341,11 @@ def check_config(cfg: DictConfig) -> None:
         if task not in list(tasks):
             raise ConfigError(f"algo.online_agent.task={task} is not in env.tasks={list(tasks)}; pick one of the "
                               "suite's tasks to fine-tune")
-        if cfg.checkpoint.every > 0:
-            raise ConfigError("algo=vla_qc does not write online checkpoints yet; set checkpoint.every=0 (its "
-                              "pretraining is still saved under checkpoints/pretrained for pretrained=)")
+        every, start = cfg.checkpoint.every, cfg.budget.offline_steps
+        if every > 0 and (start + cfg.budget.online_steps) // every > start // every:   # one would fall online
+            raise ConfigError(f"algo=vla_qc does not write online checkpoints yet, and checkpoint.every={every} "
+                              "would checkpoint its online phase; set checkpoint.every=0 (the pretraining is "
+                              "still saved under checkpoints/pretrained for pretrained=)")
     variations = cfg.env.get("variations")
     if variations is not None:
         from sims.manip_variations import VARIATIONS
