@@ -324,6 +324,8 @@ class VLAQCRunner(VLARunner):
                 next_eval += cfg.eval_every_online
         bar.close()
         env.close()
+        if cfg.online_steps == 0:   # a pretraining-only run: its summary reads one online-phase eval
+            self.evaluate(0, self.offline_step)
 
     def _finish(self) -> dict:
         summary = super()._finish()

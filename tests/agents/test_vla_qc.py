@@ -151,3 +151,8 @@ def test_vla_qc_fine_tunes_one_task_and_evaluates_every_task(tmp_path, monkeypat
     assert table["seeds"] == 1 and 0.0 <= table["after"]["success"] <= 1.0 and len(table["after"]["ci95"]) == 2
     lines = (tmp_path / "sweep" / "task1_s0" / "metrics.jsonl").read_text().splitlines()
     assert not any(json.loads(line)["phase"] == "offline" and json.loads(line)["kind"] == "train" for line in lines)
+    # a pretraining-only run (budget.online_steps=0, the README's first command) ends with one eval
+    # (before the fix its summary found no online-phase eval and raised)
+    zero = run(compose_train([*VLA_QC_TINY, "budget.online_steps=0", f"pretrained={tmp_path / 'run'}"]),
+               tmp_path / "zero")
+    assert zero["online_steps"] == 0 and set(zero["task_success"]) == {1, 2}
