@@ -337,7 +337,7 @@ def check_config(cfg: DictConfig) -> None:
                               f"env={cfg.env.name} env.tasks={None if tasks is None else list(tasks)}: "
                               "pick env=cube-single-suite, cube-double-suite or scene-suite")
     if cfg.algo.online_algo == "vla_qc":
-        task = cfg.algo.online_agent.get("task", 1)
+        task = cfg.algo.online_agent.get("task", agents.config_class("vla_qc")().task)
         if task not in list(tasks):
             raise ConfigError(f"algo.online_agent.task={task} is not in env.tasks={list(tasks)}; pick one of the "
                               "suite's tasks to fine-tune")

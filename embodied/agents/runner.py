@@ -188,7 +188,7 @@ class Runner:
 
     def _eval_seed(self) -> int:
         """The first eval start state: the same at every eval, so comparisons across evals are paired."""
-        return self.cfg.seed * 1000 + 10_000
+        return eval_seed(self.cfg.seed)
 
     def _chunk_fn(self, seed: int):
         """Evaluation's chunk policy: fresh noise for every chunk, as Diffusion Policy, DPPO, FQL and QC
@@ -611,6 +611,11 @@ class Runner:
         print(f"resumed from {checkpoint.path} (phase {self.phase}, offline step {self.offline_step}, "
               f"online step {self.online_step})", flush=True)
         return True
+
+
+def eval_seed(seed: int) -> int:
+    """A run's first eval start seed, from its seed (later episodes and tasks count up from it)."""
+    return seed * 1000 + 10_000
 
 
 def mean_metrics(window: list[dict]) -> dict:

@@ -13,8 +13,8 @@ where a^1..a^N are N = 32 chunks the VLA samples at s_{t+h} (flow noise, or the 
 Laplace samples); as in QC's code the online critic picks a* and the target critic values it. A chunk
 that meets an episode end sums the rewards it got (`valid`) and does not bootstrap past a true terminal,
 as the repo's other chunk critics do (`chunking.chunk_td_target`; QC instead drops such chunks from the
-loss, which here would drop every success: the suite's episodes end on success). The agent acts with the argmax-Q candidate (QC's best-of-N extraction) and executes
-it open-loop. The critic reads the state and the instruction's frozen text embedding, not the frames
+loss, which here would drop every success: the suite's episodes end on success). The agent acts with
+the argmax-Q candidate (QC's best-of-N extraction) and executes it open-loop. The critic reads the state and the instruction's frozen text embedding, not the frames
 (an asymmetric critic: the simulator's state is at hand during fine-tuning; the policy still acts from
 the camera), so fine-tuning costs no image encoder passes beyond the VLA's sampling.
 
@@ -40,7 +40,7 @@ from embodied import agents
 from embodied.agents.base import Agent
 from embodied.agents.chunking import chunk_td_target
 from embodied.agents.nets import CriticEnsemble, adam, soft_update, to_torch
-from embodied.agents.runner import mean_metrics
+from embodied.agents.runner import eval_seed, mean_metrics
 from embodied.agents.vla_bc import VLARunner
 from embodied.constants import STATE_KEY
 from embodied.errors import ConfigError
@@ -120,10 +120,15 @@ class VLAQC(Agent):
         chunks = vla.unnormalize_actions(vla.generate(prefix, deterministic=False, generator=generator))
         return chunks[:, : self.horizon].reshape(state.shape[0], n, self.horizon, self.act_dim), vla.embed_text(tasks)
 
-    def q(self, critic: nn.Module, state: torch.Tensor, text: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
-        """Aggregated Q [B] of raw states [B, obs], embeddings [B, text_dim] and raw chunks [B, h, A]."""
+    def values(self, critic: nn.Module, state: torch.Tensor, text: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
+        """Per-critic Q [N, B] of raw states [B, obs], embeddings [B, text_dim] and raw chunks [B, h, A],
+        normalised with the VLA's statistics."""
         vla = self.actor
-        values = critic((state - vla.obs_mean) / vla.obs_std, text, vla.normalize_actions(chunk))
+        return critic((state - vla.obs_mean) / vla.obs_std, text, vla.normalize_actions(chunk))
+
+    def q(self, critic: nn.Module, state: torch.Tensor, text: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
+        """Aggregated Q [B] (`q_agg` over the critics)."""
+        values = self.values(critic, state, text, chunk)
         return values.mean(0) if self.cfg.q_agg == "mean" else values.min(0).values
 
     def best(self, critic: nn.Module, state: torch.Tensor, text: torch.Tensor,
@@ -172,9 +177,7 @@ class VLAQC(Agent):
             next_chunk = self.best(self.critic, next_obs, next_text, batch["next_candidates"])
             next_q = self.q(self.target_critic, next_obs, next_text, next_chunk)
             target = chunk_td_target(batch["rewards"], batch["valid"], batch["terminals"], next_q, self.cfg.gamma)
-        vla = self.actor
-        q = self.critic((batch["observations"] - vla.obs_mean) / vla.obs_std, batch["text"],
-                        vla.normalize_actions(batch["actions"]))
+        q = self.values(self.critic, batch["observations"], batch["text"], batch["actions"])
         loss = ((q - target) ** 2).mean()   # QC: the mean over critics and batch
         self.critic_optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -237,7 +240,7 @@ class VLAQCRunner(VLARunner):
         """The eval start states of a seed-0 run whatever this run's seed: the fine-tunes of every seed are
         evaluated on the states the (seed-0, default) pretraining's end-of-offline eval used, so before and
         after are paired."""
-        return 10_000
+        return eval_seed(0)
 
     def _online_agent(self):
         return agents.continue_from("vla_qc", self.offline_agent, self.cfg.online_agent, seed=self.cfg.seed)
