@@ -319,6 +319,7 @@ class Robot:
             if result.fault:
                 self.fault(f"safety: {result.fault}")
                 return None
+            result.command.t_s = now
             try:
                 self._command(result.command)
             except RobotFault as err:

@@ -279,16 +279,29 @@ class WorkspaceFilter:
         # deviation is absorbed by the margin instead of finding even braking outside the box
         margin = np.minimum(ctx.config.workspace_plan_margin_m, 0.25 * (hi - lo))
         lo_in, hi_in = lo + margin, hi - margin
-        depth = _box_distance(p_start, lo_in, hi_in)
-        if _brakes_inside(vel, ctx, lo_in, hi_in, depth):
+        starts = [(start, _box_distance(p_start, lo_in, hi_in))]
+        if ctx.mode is ControlMode.JOINT_VELOCITY:
+            # velocities carry no position, so nothing ties the reference to where the arm is: every late
+            # command's ageing (`braking_stop_after`, which keeps the checked stop and so sits up to half
+            # a period's travel behind the arm's own stop) leaves the arm a little ahead of it, and that
+            # adds up under load (22.5 mm outside the box in a loaded fuzz, issue 14). The same stop is
+            # checked from the measured joints too.
+            p_meas = ctx.fk(ctx.q_rad)
+            if p_meas is not None:
+                starts.append((ctx.q_rad, _box_distance(p_meas, lo_in, hi_in)))
+
+        def stops_inside(v: np.ndarray) -> bool:
+            return all(_brakes_inside(v, ctx, lo_in, hi_in, depth, q0) for q0, depth in starts)
+
+        if stops_inside(vel):
             return cmd, []
         brake = np.sign(ctx.ref_vel_rad_s) * np.maximum(np.abs(ctx.ref_vel_rad_s) - ctx.amax * ctx.dt_s, 0.0)
         brake = np.clip(brake, *ctx.velocity_bounds())  # an aged reference may sit just past the braking bound
-        if _brakes_inside(brake, ctx, lo_in, hi_in, depth):
+        if stops_inside(brake):
             good, bad = 0.0, 1.0
             for _ in range(12):
                 mid = 0.5 * (good + bad)
-                if _brakes_inside(brake + mid * (vel - brake), ctx, lo_in, hi_in, depth):
+                if stops_inside(brake + mid * (vel - brake)):
                     good = mid
                 else:
                     bad = mid
@@ -311,10 +324,12 @@ class WorkspaceFilter:
         return cmd, [SafetyEvent("workspace_wall", self.name, f"braking cut to {good:.2f} of its step at the workspace box")]
 
 
-def _brakes_inside(vel: np.ndarray, ctx: Context, lo, hi, allow: float = 0.0) -> bool:
+def _brakes_inside(vel: np.ndarray, ctx: Context, lo, hi, allow: float = 0.0, start=None) -> bool:
     """Does the end effector stay in the box (or within `allow` of it) on this step and on the stop that
-    follows it, every joint braking by `amax * dt` per control step?"""
-    pos, v, dv = ctx.ref_pos_rad + vel * ctx.dt_s, np.asarray(vel, np.float64), ctx.amax * ctx.dt_s
+    follows it, every joint braking by `amax * dt` per control step? From `start` (default: the
+    reference)."""
+    start = ctx.ref_pos_rad if start is None else start
+    pos, v, dv = start + vel * ctx.dt_s, np.asarray(vel, np.float64), ctx.amax * ctx.dt_s
     for _ in range(10_000):
         p = ctx.fk(pos)
         if p is None or _box_distance(p, lo, hi) > allow:

@@ -195,7 +195,7 @@ class SimArm(Robot):
                     "gripper_width_m": cmd.gripper_width_m, "gripper_force_n": cmd.gripper_force_n,
                     "ee_target_m": None if cmd.ee_target_m is None else cmd.ee_target_m.tolist(),
                     "vel": None if cmd.velocity_rad_s is None else cmd.velocity_rad_s.tolist(),
-                    "t_send_s": time.monotonic()})
+                    "t_send_s": time.monotonic() if cmd.t_s is None else cmd.t_s})
 
     def _hold(self) -> None:
         self._send({"op": "hold"})

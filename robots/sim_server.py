@@ -18,7 +18,8 @@ period; a backlog over `sim.max_pending_cmds` drops the oldest), reached through
 acceleration-limited ramp; with no next command the reference brakes at the acceleration limit, which
 is the stopping path the safety chain checked, half a period later. Position commands feed forward
 the velocity the chain planned (`Command.velocity_rad_s`) and only trim it by the position error. A
-tick late by more than a tick is caught up, so the arm keeps the wall clock the commands are timed on.
+tick late by more than a tick is caught up, so the arm keeps the wall clock the commands are timed on,
+and each tick takes only the commands sent by the time it simulates (`_receive`).
 End-effector deltas never reach the server: the client solves them to joint targets
 (`ArmModel.ik`, damped least squares at the pinch site) and those pass the joint safety checks first.
 The server has its own state: `run` follows commands; `hold` brakes the targets at the acceleration
@@ -54,6 +55,15 @@ import zmq
 from robots.geometry import box_distance_m
 from robots.sim_model import GRIPPER_OPEN_M, ArmModel
 from robots.types import ControlMode, RobotConfig
+
+
+def _sent_s(msg: dict, now: float) -> float:
+    """When a command was sent (`t_send_s`), never later than `now`; `now` if it does not say."""
+    try:
+        sent = float(msg.get("t_send_s", now))
+    except (TypeError, ValueError):
+        return now
+    return min(now, sent) if sent == sent else now  # NaN: now
 
 
 class SimArmServer:
@@ -309,7 +319,19 @@ class SimArmServer:
     def _delay(self) -> float:
         return self.latency_s + (self.rng.uniform(0, self.jitter_s) if self.jitter_s > 0 else 0.0)
 
-    def _receive(self, now: float) -> bool:
+    def _receive(self, now: float, tick_s: float) -> bool:
+        """Take what arrived, and apply what is due by `tick_s`, the wall-clock time this tick simulates.
+
+        A command is due when it was sent (`t_send_s`, the controller's clock, which is this machine's
+        monotonic clock; never later than its arrival) plus the injected delay, not when this loop read
+        it: a real arm's controller runs in real time and meets each command at the time it came. This
+        loop is not real time; after a stall it runs the missed ticks back to back, and reading the
+        commands sent meanwhile at the first of those ticks executed them early, back to back with no
+        stop between, where the chain, which had seen them come late, aged its reference along the stop
+        the arm should have made. In joint_velocity mode nothing anchors that difference, so it added
+        up: in a loaded fuzz the arm at rest sat a median 6 mrad (up to 31) from where the chain had it
+        (1.2 after this change), the likely source of the 39 mm box excess of issue 14's fuzz. Other
+        messages are due at once."""
         while True:
             try:
                 raw = self.sock.recv(zmq.NOBLOCK)
@@ -324,10 +346,11 @@ class SimArmServer:
                 self.stats["cmds_dropped"] += 1
                 continue
             self.n += 1
-            heapq.heappush(self.inbox, (now + self._delay(), self.n, msg))
-        while self.inbox and self.inbox[0][0] <= now:
+            start = _sent_s(msg, now) if op == "cmd" else tick_s
+            heapq.heappush(self.inbox, (start + self._delay(), self.n, msg))
+        while self.inbox and self.inbox[0][0] <= tick_s:
             _, _, msg = heapq.heappop(self.inbox)
-            if not self._apply(msg, now):
+            if not self._apply(msg, tick_s):
                 return False
         return True
 
@@ -347,7 +370,7 @@ class SimArmServer:
             if mode not in ((ControlMode.EE_DELTA.value,) if self.cartesian else joint_modes):
                 self.stats["cmds_ignored"] += 1  # the client solves ee deltas to joint targets
                 return True
-            self.last_cmd_s, self.last_cmd_sent_s = now, float(msg.get("t_send_s", now))
+            self.last_cmd_s, self.last_cmd_sent_s = now, _sent_s(msg, now)
             # each command holds for one period, in the order sent: one that arrives while the last one's
             # period still runs (a late tick of this loop, delivery jitter) waits for it instead of cutting
             # it short, so a bunch of arrivals is executed as the path the chain planned, a little later,
@@ -485,13 +508,14 @@ class SimArmServer:
                 if self.n % 256 == 0 and os.getppid() != parent:
                     break  # the controller died without closing us: do not run forever
                 now = time.monotonic()
-                if not self._receive(now):
+                tick_s = min(now, next_t)  # the time this tick simulates: behind `now` while catching up
+                if not self._receive(now, tick_s):
                     break
                 last = self.last_cmd_sent_s if self.last_cmd_sent_s is not None else self.last_cmd_s
-                if self.mode == "run" and now - last > self.deadline_s:
-                    self._stop(now, "hold", "watchdog")  # the arm's own deadline, outside the controller
+                if self.mode == "run" and tick_s - last > self.deadline_s:
+                    self._stop(tick_s, "hold", "watchdog")  # the arm's own deadline, outside the controller
                 self._physics()
-                self._measure(now)
+                self._measure(tick_s)
                 if self.scene is not None:
                     self._snapshot(now)
                 now = time.monotonic()

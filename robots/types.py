@@ -152,6 +152,9 @@ class Command:
     # joint modes: the velocity the chain planned for this command's period (rad/s), towards the target
     # in position mode; a backend that interpolates may feed it forward (the sim arm does)
     velocity_rad_s: np.ndarray | None = None
+    # the robot clock (s) the chain timed this command at: its period starts then, and the next command's
+    # `elapsed_s` is counted from it; a backend that simulates the arm executes it from then on
+    t_s: float | None = None
 
     def as_action(self) -> np.ndarray:
         return np.append(self.values, self.gripper_width_m).astype(np.float64)
