@@ -346,7 +346,9 @@ class SimArmServer:
                 self.stats["cmds_dropped"] += 1
                 continue
             self.n += 1
-            start = _sent_s(msg, now) if op == "cmd" else tick_s
+            start = tick_s
+            if op == "cmd":
+                start = msg["t_send_s"] = _sent_s(msg, now)  # read once; `_apply` takes it from here
             heapq.heappush(self.inbox, (start + self._delay(), self.n, msg))
         while self.inbox and self.inbox[0][0] <= tick_s:
             _, _, msg = heapq.heappop(self.inbox)
@@ -370,7 +372,7 @@ class SimArmServer:
             if mode not in ((ControlMode.EE_DELTA.value,) if self.cartesian else joint_modes):
                 self.stats["cmds_ignored"] += 1  # the client solves ee deltas to joint targets
                 return True
-            self.last_cmd_s, self.last_cmd_sent_s = now, _sent_s(msg, now)
+            self.last_cmd_s, self.last_cmd_sent_s = now, msg["t_send_s"]  # due by now, so sent by now
             # each command holds for one period, in the order sent: one that arrives while the last one's
             # period still runs (a late tick of this loop, delivery jitter) waits for it instead of cutting
             # it short, so a bunch of arrivals is executed as the path the chain planned, a little later,

@@ -195,7 +195,6 @@ def test_joint_position_pushes_into_the_floor_stop_where_the_chain_planned():
         assert state["peak_speed_ratio"] <= 1.05 and state["peak_acc_ratio"] <= 1.05
 
 
-
 def test_joint_velocity_stops_inside_the_box_from_where_the_arm_measures():
     """joint_velocity: the arm sits 0.05 rad lower at the shoulder than the chain's reference (velocities
     carry no position, and late commands' ageing leaves such offsets behind). Driven hard into the floor,
@@ -210,6 +209,7 @@ def test_joint_velocity_stops_inside_the_box_from_where_the_arm_measures():
         lowest = min(lowest, planar_fk(robot.q)[2])
     assert robot.chain.counts[("workspace", "clip")] > 0
     assert robot.state is State.ARMED and lowest >= floor - 1e-9, lowest - floor
+
 
 @pytest.mark.parametrize("late_ms", [0.4, 3.0])
 def test_late_commands_into_a_wall_brake_within_the_acceleration_limit(late_ms):
