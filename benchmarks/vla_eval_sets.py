@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.machine import cpu_info, uptime  # noqa: E402
 
 import policies  # noqa: E402
+import sims  # noqa: E402
 from embodied.agents.runner import eval_seed  # noqa: E402
 from embodied.agents.vla_bc import evaluate_tasks  # noqa: E402
 from embodied.stats import wilson  # noqa: E402
@@ -31,14 +32,15 @@ from sims.manip_variations import VARIATIONS  # noqa: E402
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policy", required=True, help="a saved VLA policy directory (RUN/policy)")
-    parser.add_argument("--env", default="cube-single", help="the suite's task name (cube-single, cube-double, scene)")
-    parser.add_argument("--tasks", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    parser.add_argument("--env", default="cube-single", help="the suite's task name (cube-single, cube-double, scene, mt10)")
+    parser.add_argument("--tasks", type=int, nargs="+", help="default: every task of the suite")
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument("--sets", nargs="+", default=list(VARIATIONS), choices=VARIATIONS)
     parser.add_argument("--seed", type=int, default=0, help="the training run's seed: its eval start states")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    args.tasks = args.tasks or list(range(1, (sims.spec(args.env).num_tasks or 1) + 1))
     torch.set_num_threads(args.threads)
     policy = policies.load(args.policy)
     if not hasattr(policy, "cameras"):

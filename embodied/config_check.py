@@ -329,13 +329,11 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigError(f"env.tasks={list(tasks)} makes a multi-task suite, which only algo=vla_bc trains; "
                           f"pick env={cfg.env.name} (one task) for algo={cfg.algo.name}")
     if cfg.algo.offline_algo == "vla_bc":
-        import sims.manip as manip
-
-        n = manip.suite_of(cfg.env.name).num_tasks if cfg.env.name in manip.MANIP_NAMES else 0
+        n = sims.spec(cfg.env.name).num_tasks or 0
         if not n or not tasks or any(not isinstance(t, int) or not 1 <= t <= n for t in tasks):
-            raise ConfigError(f"algo=vla_bc needs a manipulation suite with env.tasks in 1..{n or 5}, got "
+            raise ConfigError(f"algo=vla_bc needs a multi-task suite with env.tasks in 1..{n or 5}, got "
                               f"env={cfg.env.name} env.tasks={None if tasks is None else list(tasks)}: "
-                              "pick env=cube-single-suite, cube-double-suite or scene-suite")
+                              "pick env=cube-single-suite, cube-double-suite, scene-suite or mt10-suite")
     if cfg.algo.online_algo == "vla_qc":
         task = cfg.algo.online_agent.get("task", agents.config_class("vla_qc")().task)
         if task not in list(tasks):
@@ -350,6 +348,8 @@ def check_config(cfg: DictConfig) -> None:
     if variations is not None:
         from sims.manip_variations import VARIATIONS
 
+        if cfg.env.name == "mt10":
+            from sims.mt10 import VARIATIONS
         if tasks is None:
             raise ConfigError(f"env.variations={list(variations)} are a suite's final eval sets: pick env=<name>-suite")
         bad = [v for v in variations if v not in VARIATIONS]
@@ -412,6 +412,8 @@ def _check_choices(cfg: DictConfig, resolved: dict) -> None:
 
 
 def _qualities(env: str, catalog) -> tuple:
+    if env == "mt10":
+        return ("task",)   # scripted-policy demos per task (embodied/data/mt10_gen.py)
     if catalog._is_manip(env):
         from embodied.data import ogbench_gen
 

@@ -6,6 +6,7 @@ Importing a task module registers its tasks; new suites do the same with `regist
 from sims.registry import TaskSpec, make, names, normalized_score, register_task, skip_next_frames, spec
 from sims import locomotion, pointmaze  # noqa: F401  (registers the tasks)
 from sims import manip  # noqa: F401  (OGBench manipspace tasks)
+from sims import mt10  # noqa: F401  (Meta-World MT10; metaworld is imported when a task is built)
 from sims.experts import expert
 
 __all__ = ["TaskSpec", "make", "names", "spec", "normalized_score", "register_task", "skip_next_frames", "expert"]

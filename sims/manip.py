@@ -465,7 +465,8 @@ def _spec(name: str, suite: Suite, goal: bool) -> TaskSpec:
     return TaskSpec(
         name=name, gym_id=gym_id(suite), obs_dim=suite.obs_dim * (2 if goal else 1), act_dim=5,
         max_episode_steps=suite.max_episode_steps, ref_min_score=None, ref_max_score=None,
-        approximate_normalization=False, has_success=True, sparse=True, success_reward_threshold=None)
+        approximate_normalization=False, has_success=True, sparse=True, success_reward_threshold=None,
+        num_tasks=None if goal else suite.num_tasks)
 
 
 MANIP_NAMES = tuple(n for s in SUITES for n in (s, f"{s}-goal"))

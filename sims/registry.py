@@ -28,6 +28,7 @@ class TaskSpec:
     has_success: bool  # info["success"] exists
     sparse: bool
     success_reward_threshold: float | None = None  # an episode return >= this means success
+    num_tasks: int | None = None  # a multi-task suite: `make(name, task_id=1..num_tasks)`
 
 
 @dataclass(frozen=True)

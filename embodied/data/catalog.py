@@ -53,6 +53,11 @@ def check_request(env: str, quality: str, size: int, seed: int = 0) -> None:
     if _is_manip(env):
         ogbench_gen.check_spec(ogbench_gen.GenSpec(env, quality, size, seed))
         return
+    if env == "mt10":   # per-task scripted-policy demos, for suites (embodied.data.suite)
+        from embodied.data import mt10_gen
+
+        mt10_gen.check_spec(mt10_gen.GenSpec(env, quality, size, seed))
+        return
     if quality not in RECIPES:
         raise DatasetError(f"unknown dataset quality '{quality}': choose one of {', '.join(QUALITIES)}")
     if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
@@ -70,6 +75,11 @@ def load_dataset(env: str, quality: str, size: int, seed: int = 0, *, cache_dir=
     if _is_manip(env):
         return ogbench_gen.load_or_generate(ogbench_gen.GenSpec(env, quality, int(size), int(seed)),
                                             cache_dir=cache_dir, progress=progress)
+    if env == "mt10":   # task 1 (reach), the env's default task; suites load theirs per task
+        from embodied.data import mt10_gen
+
+        return mt10_gen.load_or_generate(mt10_gen.GenSpec(env, quality, int(size), int(seed)),
+                                         cache_dir=cache_dir, progress=progress)
     spec = sims.spec(env)
     path = dataset_path(env, quality, int(size), int(seed), cache_dir)
     if path.is_file():

@@ -1,7 +1,8 @@
 """Multi-task, language-annotated image demonstrations of a suite, for VLA-style pretraining.
 
 One `task` dataset per task id (the oracles of `embodied.data.ogbench_gen` driven through that task's
-sub-goals, with camera frames and one instruction per episode, paraphrases drawn per episode), each
+sub-goals, or Meta-World's scripted policies for mt10 (`embodied.data.mt10_gen`), with camera frames
+and one instruction per episode, paraphrases drawn per episode), each
 generated once and cached like every other dataset, then concatenated. `sample_chunks` gives what
 `policies.vla.VLAPolicy.loss` reads: the current frame, state and instruction, and the next `horizon`
 actions, padded past an episode's end by repeating its last action (`valid` marks the real ones).
@@ -81,19 +82,20 @@ def episode_last_index(ends: np.ndarray) -> np.ndarray:
 def load_suite(env: str, task_ids, size_per_task: int, seed: int, cameras, image_size: int, *,
                progress: bool = True, cache_dir=None) -> SuiteDemos:
     """Generate (or read from the cache) one image dataset per task id and concatenate them."""
-    from embodied.data import ogbench_gen
     from embodied.data.d4rl import load_extras
+
+    generator = suite_generator(env)
 
     cameras = tuple(cameras)
     if not cameras:
         raise DatasetError("a VLA suite dataset needs at least one camera: set algo.offline_agent.cameras, e.g. [front]")
     parts = []
     for task_id in task_ids:
-        spec = ogbench_gen.GenSpec(env, "task", int(size_per_task), int(seed), task_id=int(task_id), images=cameras,
-                                   image_size=int(image_size))
-        ds = ogbench_gen.load_or_generate(spec, cache_dir=cache_dir, progress=progress)
+        spec = generator.GenSpec(env, "task", int(size_per_task), int(seed), task_id=int(task_id), images=cameras,
+                                 image_size=int(image_size))
+        ds = generator.load_or_generate(spec, cache_dir=cache_dir, progress=progress)
         keys = [f"images/{cam}" for cam in cameras] + ["infos/instruction_id"]
-        extras = load_extras(ogbench_gen.cache_path(spec, cache_dir), keys)
+        extras = load_extras(generator.cache_path(spec, cache_dir), keys)
         texts = ds.metadata.get("instructions")
         if not texts:
             raise DatasetError(f"{env} task {task_id} data has no instructions; regenerate it (delete the cache file)")
@@ -112,3 +114,15 @@ def load_suite(env: str, task_ids, size_per_task: int, seed: int, cameras, image
                 "episodes": int(sum(ds.metadata.get("episodes", 0) for _, ds, _, _ in parts)),
                 "instructions": sorted(set(instructions))}
     return SuiteDemos(states, actions, images, instructions, task_col, episode_last_index(ends), metadata)
+
+
+def suite_generator(env: str):
+    """The module that makes a suite's task demos: Meta-World's scripted policies for mt10, OGBench's
+    oracles otherwise (both give GenSpec, load_or_generate and cache_path)."""
+    if env == "mt10":
+        from embodied.data import mt10_gen
+
+        return mt10_gen
+    from embodied.data import ogbench_gen
+
+    return ogbench_gen

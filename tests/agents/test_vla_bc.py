@@ -48,7 +48,7 @@ def test_suite_chunks_stop_at_the_episode_end_and_pad_with_its_last_action():
 def test_a_suite_is_only_for_vla_bc_and_vla_bc_needs_a_suite():
     with pytest.raises(ConfigError, match="env.tasks=.*only algo=vla_bc"):
         check_config(compose_train(["algo=wsrl", "env=cube-single-suite", "dataset=task"]))
-    with pytest.raises(ConfigError, match="algo=vla_bc needs a manipulation suite"):
+    with pytest.raises(ConfigError, match="algo=vla_bc needs a multi-task suite"):
         check_config(compose_train(["algo=vla_bc", "env=cube-single", "dataset=task"]))
     with pytest.raises(ConfigError, match=r"env.tasks in 1..5"):
         check_config(compose_train(["algo=vla_bc", "env=cube-single-suite", "dataset=task", "env.tasks=[1,9]"]))
@@ -91,3 +91,33 @@ def test_vla_bc_pretrains_on_two_tasks_and_saves_a_deployable_policy(head, tmp_p
     chunk = policy.act(obs)
     env.close()
     assert chunk.shape == (8, 5) and np.isfinite(chunk).all()
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_vla_bc_pretrains_on_meta_world_mt10_tasks(tmp_path, monkeypatch):
+    """The same entry point on the Meta-World suite: scripted-policy demos with frames, per-task evaluation,
+    and a saved policy that acts on a Meta-World observation (4-d actions)."""
+    monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path / "cache"))
+    cfg = compose_train(["algo=vla_bc", "env=mt10-suite", "env.tasks=[1,9]", "dataset=task", "dataset.size=150",
+                         "budget.offline_steps=4", "budget.online_steps=0", "budget.batch_size=8", "eval.episodes=1",
+                         "eval.every_offline=4", "logger=jsonl", "progress=false", "threads=1", "checkpoint.every=0",
+                         "eval.video_episodes=0", "env.variations=[none,paraphrase]", *TINY])
+    summary = run(cfg, tmp_path / "run")
+    assert summary["tasks"] == [1, 9] and set(summary["task_success"]) == {1, 9}
+    assert set(summary["variation_success"]) == {"none", "paraphrase"}
+    policy = policies.load(tmp_path / "run" / "policy")
+    policy.set_text_encoder(policies.vla.hash_text_encoder())
+    env = sims.make("mt10", task_id=9, images=("front",), image_size=64, language=True)
+    obs, _ = env.reset(seed=0)
+    chunk = policy.act(obs)
+    env.close()
+    assert chunk.shape == (8, 4) and np.isfinite(chunk).all()
+
+
+def test_mt10_suite_config_composes_and_rejects_an_ogbench_only_variation():
+    check_config(compose_train(["algo=vla_bc", "env=mt10-suite", "dataset=task"]))
+    with pytest.raises(ConfigError, match="env.variations"):
+        check_config(compose_train(["algo=vla_bc", "env=mt10-suite", "dataset=task", "env.variations=[lighting]"]))
+    with pytest.raises(ConfigError, match="1..10"):
+        check_config(compose_train(["algo=vla_bc", "env=mt10-suite", "dataset=task", "env.tasks=[11]"]))
