@@ -19,8 +19,7 @@ acceleration-limited ramp; with no next command the reference brakes at the acce
 is the stopping path the safety chain checked, half a period later. Position commands feed forward
 the velocity the chain planned (`Command.velocity_rad_s`) and only trim it by the position error. A
 tick late by more than a tick is caught up, so the arm keeps the wall clock the commands are timed on,
-and each tick takes only the commands sent by the time it simulates (`_receive`); before it catches up
-it waits `sim.resume_wait_ms` for ZeroMQ to hand over what was sent during the stall.
+and each tick takes only the commands sent by the time it simulates (`_receive`).
 End-effector deltas never reach the server: the client solves them to joint targets
 (`ArmModel.ik`, damped least squares at the pinch site) and those pass the joint safety checks first.
 The server has its own state: `run` follows commands; `hold` brakes the targets at the acceleration
@@ -190,18 +189,12 @@ class SimArmServer:
         self.max_pending = int(sim.get("max_pending_cmds", 3))
         self._recover_pending, self.settle_s = False, float(sim.get("estop_settle_ms", 300.0)) / 1e3
         self.max_catch_up_s = float(sim.get("max_catch_up_ms", 100.0)) / 1e3
-        # after a stall, the missed ticks run in a millisecond or two, before ZeroMQ's I/O thread (stopped
-        # with the loop) has handed over the commands sent meanwhile: they were met at the end of the
-        # catch-up, 10-50 ms after they were due, so the arm braked where the chain had it moving and, in
-        # joint_velocity mode, came to rest up to 12 mrad short of where the chain had it (the
-        # CI failure after issue 14's fix). A short sleep first lets that thread run
-        self.resume_wait_s = float(sim.get("resume_wait_ms", 2.0)) / 1e3
         # joint_position with the planned velocity: a position error is made up over `catch_up_s`, at
         # most `catch_up` of the speed limit faster or slower than planned
         self.catch_up, self.catch_up_s = float(sim.get("catch_up", 0.02)), float(sim.get("catch_up_ms", 50.0)) / 1e3
         self.stats["time_lost_s"] = 0.0  # simulated time given up after stalls over max_catch_up_s
         self.peaks = {"peak_speed_ratio": 0.0, "peak_acc_ratio": 0.0, "peak_acc_joint": -1, "peak_box_excess_m": 0.0,
-                      "peak_cmd_late_s": 0.0}  # the latest a command was met after it was due
+                      "peak_cmd_late_s": 0.0}  # the latest a command was met after it was due (see `_receive`)
 
     def _stop(self, now: float, op: str, reason: str) -> None:
         """hold: the reference brakes from its own speed at the acceleration limit (a controlled stop,
@@ -339,7 +332,12 @@ class SimArmServer:
         the arm should have made. In joint_velocity mode nothing anchors that difference, so it added
         up: in a loaded fuzz the arm at rest sat a median 6 mrad (up to 31) from where the chain had it
         (1.2 after this change), the likely source of the 39 mm box excess of issue 14's fuzz. Other
-        messages are due at once."""
+        messages are due at once.
+
+        Still open: after a stall the missed ticks run before ZeroMQ's I/O thread (stopped with this
+        loop) hands over the commands sent meanwhile, so those are met 10-50 ms late
+        (`peak_cmd_late_s`). Sleeping 2 ms before catching up met them on time but made the loaded
+        joint_velocity fuzz worse (box excess 16-22 mm against 11-21), so it was not kept."""
         while True:
             try:
                 raw = self.sock.recv(zmq.NOBLOCK)
@@ -515,16 +513,11 @@ class SimArmServer:
         period = 1.0 / self.rate_hz
         next_t = time.monotonic()
         parent = os.getppid()
-        catching_up = False
         try:
             while True:
                 if self.n % 256 == 0 and os.getppid() != parent:
                     break  # the controller died without closing us: do not run forever
                 now = time.monotonic()
-                if now - next_t > period and not catching_up:  # resumed from a stall
-                    time.sleep(self.resume_wait_s)  # for what was sent meanwhile (`resume_wait_s`)
-                    now = time.monotonic()
-                catching_up = now - next_t > period
                 tick_s = min(now, next_t)  # the time this tick simulates: behind `now` while catching up
                 if not self._receive(now, tick_s):
                     break
