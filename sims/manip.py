@@ -235,7 +235,10 @@ def _close_renderers() -> None:
     """Close live renderers while EGL still runs: left to garbage collection after EGL's exit hook, each
     printed an EGLError traceback at interpreter exit."""
     for renderer in list(_RENDERERS):
-        renderer.close()
+        try:
+            renderer.close()
+        except Exception:  # noqa: BLE001  its context is already gone; the process is ending anyway
+            pass
 
 
 def task_info(name: str, task_id: int) -> dict:
