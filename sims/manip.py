@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import string
 import weakref
 from dataclasses import dataclass
 
@@ -34,7 +33,6 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.utils import RecordConstructorArgs
 
-from embodied.constants import TASK_KEY, image_key
 from embodied.errors import UserError
 from sims import wrappers
 from sims.manip_language import describe_predicate, instruction_text
@@ -365,7 +363,7 @@ class ManipTask(gymnasium.Wrapper, RecordConstructorArgs):
 
 
 # ------------------------------------------------------------------------------------------ observation
-class ManipObservation(gymnasium.ObservationWrapper, RecordConstructorArgs):
+class ManipObservation(wrappers.CameraObservation, RecordConstructorArgs):
     """Adds `observation.images.<camera>` (uint8 HWC, shadows/reflections off) and `task` (the
     instruction) to the registry's {"observation.state": ...} dict; the image variations
     (sims.manip_variations) change what the cameras see."""
@@ -374,60 +372,29 @@ class ManipObservation(gymnasium.ObservationWrapper, RecordConstructorArgs):
                  variation: str = "none"):
         RecordConstructorArgs.__init__(self, images=tuple(images), image_size=image_size, language=language,
                                        variation=variation)
-        super().__init__(env)
-        self.images, self.image_size, self.language = tuple(images), int(image_size), bool(language)
         self.variation = check_variation(variation)
         self._distractor_pos = None
-        if self.variation in IMAGE_VARIATIONS and not self.images:
+        if self.variation in IMAGE_VARIATIONS and not images:
             raise UserError(f"variation={variation} changes camera frames: pass images=('front',) too")
+        bad = [c for c in images if c not in CAMERAS]
+        if bad:
+            raise UserError(f"unknown camera(s) {bad}: choose from {', '.join(CAMERAS)}")
+        if images and not 16 <= int(image_size) <= 512:
+            raise UserError(f"image_size={image_size} must be between 16 and 512 pixels")
         apply_image_variation(env.unwrapped.model, self.variation)
-        obs_spaces = dict(env.observation_space.spaces)
-        self._renderer = None
-        self._skip_frames = False
-        if self.images:
-            bad = [c for c in self.images if c not in CAMERAS]
-            if bad:
-                raise UserError(f"unknown camera(s) {bad}: choose from {', '.join(CAMERAS)}")
-            if not 16 <= self.image_size <= 512:
-                raise UserError(f"image_size={self.image_size} must be between 16 and 512 pixels")
-            self._renderer = offscreen_renderer(env, self.image_size)
-            for cam in self.images:
-                obs_spaces[image_key(cam)] = spaces.Box(
-                    0, 255, shape=(self.image_size, self.image_size, 3), dtype=np.uint8)
-        if self.language:
-            obs_spaces[TASK_KEY] = spaces.Text(max_length=1000, charset=string.printable)
-        self.observation_space = spaces.Dict(obs_spaces)
+        renderer = offscreen_renderer(env, int(image_size)) if images else None
+        super().__init__(env, images, image_size, language, renderer)
 
-    def skip_frames_once(self) -> None:
-        """Leave the camera frames out of the next observation only (`sims.skip_next_frames`)."""
-        self._skip_frames = True
-
-    def reset(self, *, seed=None, options=None):
-        obs, info = self.env.reset(seed=seed, options=options)
-        self._skip_frames = False   # a reset's observation always carries its frames
+    def _on_reset(self, seed) -> None:
         if self.variation == "distractor":
             rng = np.random.default_rng(None if seed is None else [int(seed), 11])
             self._distractor_pos = distractor_position(self.env.unwrapped, rng)
-        return self.observation(obs), info
 
-    def observation(self, observation):
-        skip, self._skip_frames = self._skip_frames, False
-        if self._renderer is not None and not skip:
-            data = self.env.unwrapped._data
-            for cam in self.images:
-                self._renderer.update_scene(data, camera=cam)
-                if self._distractor_pos is not None:
-                    draw_distractor(self._renderer.scene, self._distractor_pos)
-                observation[image_key(cam)] = self._renderer.render()
-        if self.language:
-            observation[TASK_KEY] = self.env.get_wrapper_attr("current_instruction")()
-        return observation
-
-    def close(self):
-        if self._renderer is not None:
-            self._renderer.close()
-            self._renderer = None
-        super().close()
+    def _draw(self, camera: str) -> np.ndarray:
+        self._renderer.update_scene(self.env.unwrapped._data, camera=camera)
+        if self._distractor_pos is not None:
+            draw_distractor(self._renderer.scene, self._distractor_pos)
+        return self._renderer.render()
 
 
 def _finish(env: gymnasium.Env) -> gymnasium.Env:

@@ -14,15 +14,13 @@ Cameras are named like the OGBench suites' so the VLA's defaults carry over: `fr
 """
 from __future__ import annotations
 
-import string
-
 import gymnasium
 import numpy as np
 from gymnasium import spaces
 from gymnasium.utils import RecordConstructorArgs
 
-from embodied.constants import TASK_KEY, image_key
 from embodied.errors import UserError
+from sims import wrappers
 from sims.registry import TaskSpec, register_task
 
 TASKS = ("reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-open-v3", "drawer-close-v3",
@@ -134,52 +132,20 @@ class MT10Task(gymnasium.Wrapper, RecordConstructorArgs):
         return self._instruction
 
 
-class MT10Observation(gymnasium.ObservationWrapper, RecordConstructorArgs):
+class MT10Observation(wrappers.CameraObservation, RecordConstructorArgs):
     """Adds `observation.images.<camera>` (uint8 HWC) and `task` (the instruction) to the state dict."""
 
     def __init__(self, env: gymnasium.Env, images: tuple = (), image_size: int = 64, language: bool = False):
         RecordConstructorArgs.__init__(self, images=tuple(images), image_size=image_size, language=language)
-        super().__init__(env)
         from sims.manip import offscreen_renderer
 
-        self.images, self.image_size, self.language = tuple(images), int(image_size), bool(language)
-        obs_spaces = dict(env.observation_space.spaces)
-        self._renderer, self._skip_frames = None, False
-        if self.images:
-            self._renderer = offscreen_renderer(env, self.image_size)
-            for cam in self.images:
-                obs_spaces[image_key(cam)] = spaces.Box(0, 255, shape=(self.image_size, self.image_size, 3),
-                                                        dtype=np.uint8)
-        if self.language:
-            obs_spaces[TASK_KEY] = spaces.Text(max_length=1000, charset=string.printable)
-        self.observation_space = spaces.Dict(obs_spaces)
+        renderer = offscreen_renderer(env, int(image_size)) if images else None
+        super().__init__(env, images, image_size, language, renderer)
 
-    def skip_frames_once(self) -> None:
-        """Leave the camera frames out of the next observation only (`sims.skip_next_frames`)."""
-        self._skip_frames = True
-
-    def reset(self, *, seed=None, options=None):
-        obs, info = self.env.reset(seed=seed, options=options)
-        self._skip_frames = False
-        return self.observation(obs), info
-
-    def observation(self, observation):
-        skip, self._skip_frames = self._skip_frames, False
-        if self._renderer is not None and not skip:
-            data = self.env.unwrapped.data
-            for cam in self.images:
-                self._renderer.update_scene(data, camera=CAMERAS[cam])
-                frame = self._renderer.render()
-                observation[image_key(cam)] = np.ascontiguousarray(frame[::-1, ::-1]) if cam in UPSIDE_DOWN else frame
-        if self.language:
-            observation[TASK_KEY] = self.env.get_wrapper_attr("current_instruction")()
-        return observation
-
-    def close(self):
-        if self._renderer is not None:
-            self._renderer.close()
-            self._renderer = None
-        super().close()
+    def _draw(self, camera: str) -> np.ndarray:
+        self._renderer.update_scene(self.env.unwrapped.data, camera=CAMERAS[camera])
+        frame = self._renderer.render()
+        return np.ascontiguousarray(frame[::-1, ::-1]) if camera in UPSIDE_DOWN else frame
 
 
 def _finish(env: gymnasium.Env) -> gymnasium.Env:

@@ -1,13 +1,15 @@
 """Wrappers that turn any registered env into the contract's shape (see docs/ARCHITECTURE.md)."""
 from __future__ import annotations
 
+import string
+
 import gymnasium
 import numpy as np
 from gymnasium import spaces
 from gymnasium.utils import RecordConstructorArgs
 from gymnasium.wrappers import RescaleAction
 
-from embodied.constants import STATE_KEY
+from embodied.constants import STATE_KEY, TASK_KEY, image_key
 from embodied.errors import ConfigError, UserError
 
 
@@ -109,3 +111,51 @@ class ChunkedActionWrapper(gymnasium.Wrapper):
         info["chunk"] = record
         info["executed"] = len(record["actions"])
         return self._obs, total, terminated, truncated, info
+
+
+class CameraObservation(gymnasium.ObservationWrapper):
+    """Adds `observation.images.<camera>` (uint8 HWC) and `task` (the env's `current_instruction()`) to
+    the state dict. A suite's subclass says how one camera is drawn (`_draw`) with `renderer` (a
+    `mujoco.Renderer` of the env's model, or None when no camera is asked for)."""
+
+    def __init__(self, env: gymnasium.Env, images: tuple, image_size: int, language: bool, renderer):
+        super().__init__(env)
+        self.images, self.image_size, self.language = tuple(images), int(image_size), bool(language)
+        self._renderer, self._skip_frames = renderer, False
+        obs_spaces = dict(env.observation_space.spaces)
+        for cam in self.images:
+            obs_spaces[image_key(cam)] = spaces.Box(0, 255, shape=(self.image_size, self.image_size, 3), dtype=np.uint8)
+        if self.language:
+            obs_spaces[TASK_KEY] = spaces.Text(max_length=1000, charset=string.printable)
+        self.observation_space = spaces.Dict(obs_spaces)
+
+    def _draw(self, camera: str) -> np.ndarray:
+        raise NotImplementedError
+
+    def _on_reset(self, seed) -> None:
+        """Per-episode state of the drawing (e.g. where a distractor sits)."""
+
+    def skip_frames_once(self) -> None:
+        """Leave the camera frames out of the next observation only (`sims.skip_next_frames`)."""
+        self._skip_frames = True
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = self.env.reset(seed=seed, options=options)
+        self._skip_frames = False   # a reset's observation always carries its frames
+        self._on_reset(seed)
+        return self.observation(obs), info
+
+    def observation(self, observation):
+        skip, self._skip_frames = self._skip_frames, False
+        if self._renderer is not None and not skip:
+            for cam in self.images:
+                observation[image_key(cam)] = self._draw(cam)
+        if self.language:
+            observation[TASK_KEY] = self.env.get_wrapper_attr("current_instruction")()
+        return observation
+
+    def close(self):
+        if self._renderer is not None:
+            self._renderer.close()
+            self._renderer = None
+        super().close()

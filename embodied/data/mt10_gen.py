@@ -21,8 +21,7 @@ from tqdm.auto import tqdm
 
 import sims
 from embodied.constants import STATE_KEY, image_key
-from embodied.data.cache import dataset_path
-from embodied.data.d4rl import load_hdf5, save_hdf5
+from embodied.data.cache import dataset_path, load_or_make
 from embodied.data.dataset import Dataset
 from embodied.errors import DatasetError
 from sims import mt10
@@ -125,11 +124,4 @@ def generate(spec: GenSpec, *, progress: bool = True) -> tuple[Dataset, dict]:
 
 def load_or_generate(spec: GenSpec, *, cache_dir=None, progress: bool = True) -> Dataset:
     """The cached dataset for `spec` (same generator version), else generate and cache it."""
-    path = cache_path(spec, cache_dir)
-    if path.is_file():
-        ds = load_hdf5(path, cached=True)
-        if ds.metadata.get("generator_version") == GENERATOR_VERSION:
-            return ds
-    ds, extras = generate(spec, progress=progress)
-    save_hdf5(ds, path, extras=extras)
-    return ds
+    return load_or_make(cache_path(spec, cache_dir), GENERATOR_VERSION, lambda: generate(spec, progress=progress))

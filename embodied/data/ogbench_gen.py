@@ -34,8 +34,7 @@ from tqdm.auto import tqdm
 
 import sims
 from embodied.constants import STATE_KEY
-from embodied.data.cache import dataset_path
-from embodied.data.d4rl import load_hdf5, save_hdf5
+from embodied.data.cache import dataset_path, load_or_make
 from embodied.data.dataset import Dataset
 from embodied.data.ogbench_oracles import TaskOracle, make_oracles
 from embodied.errors import DatasetError
@@ -344,10 +343,4 @@ def load_or_generate(spec: GenSpec, *, cache_dir=None, progress: bool = True, pa
     """The cached dataset for `spec` (same generator version), else generate and cache it."""
     spec = check_spec(spec)
     path = Path(path) if path is not None else cache_path(spec, cache_dir)
-    if path.is_file():
-        ds = load_hdf5(path, cached=True)
-        if ds.metadata.get("generator_version") == GENERATOR_VERSION:
-            return ds
-    ds, extras = generate(spec, progress=progress)
-    save_hdf5(ds, path, extras=extras)
-    return ds
+    return load_or_make(path, GENERATOR_VERSION, lambda: generate(spec, progress=progress))
