@@ -412,13 +412,8 @@ def _check_choices(cfg: DictConfig, resolved: dict) -> None:
 
 
 def _qualities(env: str, catalog) -> tuple:
-    if env == "mt10":
-        return ("task",)   # scripted-policy demos per task (embodied/data/mt10_gen.py)
-    if catalog._is_manip(env):
-        from embodied.data import ogbench_gen
-
-        return tuple(ogbench_gen.QUALITIES)
-    return tuple(catalog.QUALITIES)
+    generator = catalog.demo_generator(env)
+    return tuple((generator or catalog).QUALITIES)
 
 
 def _check_agents(cfg: DictConfig, resolved: dict) -> None:

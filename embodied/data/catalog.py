@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 import sims
-from embodied.data import ogbench_gen
+from embodied.data import mt10_gen, ogbench_gen
 from embodied.data.cache import dataset_path
 from embodied.data.d4rl import load_hdf5, save_hdf5
 from embodied.data.dataset import Dataset, concat
@@ -48,15 +48,22 @@ def _is_manip(env: str) -> bool:
     return env in MANIP_NAMES
 
 
+def demo_generator(env: str):
+    """The module that makes `env`'s scripted demos, or None for the D4RL-style envs here: OGBench's
+    oracles (`ogbench_gen`) or Meta-World's scripted policies (`mt10_gen`, task 1 unless a suite asks for
+    another). Both give QUALITIES, GenSpec, check_spec, cache_path and load_or_generate."""
+    if _is_manip(env):
+        return ogbench_gen
+    if env == mt10_gen.ENV:
+        return mt10_gen
+    return None
+
+
 def check_request(env: str, quality: str, size: int, seed: int = 0) -> None:
     """Reject a bad request before any env is built or file touched."""
-    if _is_manip(env):
-        ogbench_gen.check_spec(ogbench_gen.GenSpec(env, quality, size, seed))
-        return
-    if env == "mt10":   # per-task scripted-policy demos, for suites (embodied.data.suite)
-        from embodied.data import mt10_gen
-
-        mt10_gen.check_spec(mt10_gen.GenSpec(env, quality, size, seed))
+    generator = demo_generator(env)
+    if generator is not None:
+        generator.check_spec(generator.GenSpec(env, quality, size, seed))
         return
     if quality not in RECIPES:
         raise DatasetError(f"unknown dataset quality '{quality}': choose one of {', '.join(QUALITIES)}")
@@ -72,14 +79,10 @@ def load_dataset(env: str, quality: str, size: int, seed: int = 0, *, cache_dir=
     """The cached dataset, or a freshly generated and cached one. A cache file written by an older
     generator version is regenerated rather than silently reused."""
     check_request(env, quality, size, seed)
-    if _is_manip(env):
-        return ogbench_gen.load_or_generate(ogbench_gen.GenSpec(env, quality, int(size), int(seed)),
-                                            cache_dir=cache_dir, progress=progress)
-    if env == "mt10":   # task 1 (reach), the env's default task; suites load theirs per task
-        from embodied.data import mt10_gen
-
-        return mt10_gen.load_or_generate(mt10_gen.GenSpec(env, quality, int(size), int(seed)),
-                                         cache_dir=cache_dir, progress=progress)
+    generator = demo_generator(env)
+    if generator is not None:
+        return generator.load_or_generate(generator.GenSpec(env, quality, int(size), int(seed)),
+                                          cache_dir=cache_dir, progress=progress)
     spec = sims.spec(env)
     path = dataset_path(env, quality, int(size), int(seed), cache_dir)
     if path.is_file():

@@ -28,6 +28,7 @@ from sims import mt10
 
 GENERATOR_VERSION = "metaworld-mt10-1"
 ENV = "mt10"
+QUALITIES = ("task",)   # scripted-policy demos per task
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class GenSpec:
 def check_spec(spec: GenSpec) -> GenSpec:
     if spec.env != ENV:
         raise DatasetError(f"env={spec.env!r}: the Meta-World generator makes env=mt10 data only")
-    if spec.quality != "task":
+    if spec.quality not in QUALITIES:
         raise DatasetError(f"dataset quality {spec.quality!r} for mt10: only 'task' (scripted-policy demos) exists")
     if isinstance(spec.size, bool) or not isinstance(spec.size, numbers.Integral) or spec.size < 1:
         raise DatasetError(f"dataset size={spec.size!r} must be a positive integer number of transitions")

@@ -82,9 +82,12 @@ def episode_last_index(ends: np.ndarray) -> np.ndarray:
 def load_suite(env: str, task_ids, size_per_task: int, seed: int, cameras, image_size: int, *,
                progress: bool = True, cache_dir=None) -> SuiteDemos:
     """Generate (or read from the cache) one image dataset per task id and concatenate them."""
+    from embodied.data.catalog import demo_generator
     from embodied.data.d4rl import load_extras
 
-    generator = suite_generator(env)
+    generator = demo_generator(env)
+    if generator is None:
+        raise DatasetError(f"env={env!r} has no scripted task demos for a suite: use an OGBench manipulation task or mt10")
 
     cameras = tuple(cameras)
     if not cameras:
@@ -115,14 +118,3 @@ def load_suite(env: str, task_ids, size_per_task: int, seed: int, cameras, image
                 "instructions": sorted(set(instructions))}
     return SuiteDemos(states, actions, images, instructions, task_col, episode_last_index(ends), metadata)
 
-
-def suite_generator(env: str):
-    """The module that makes a suite's task demos: Meta-World's scripted policies for mt10, OGBench's
-    oracles otherwise (both give GenSpec, load_or_generate and cache_path)."""
-    if env == "mt10":
-        from embodied.data import mt10_gen
-
-        return mt10_gen
-    from embodied.data import ogbench_gen
-
-    return ogbench_gen
