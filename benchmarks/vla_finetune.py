@@ -1,13 +1,17 @@
-"""VLA fine-tuning gain and forgetting: `algo=vla_qc` from one saved pretraining, per fine-tuned task and
-seed, one job at a time (each uses both cores). Per job: the fine-tuned task's success before (end of
-pretraining, the VLA alone) and after (best-of-N with the learned critic), the other tasks' success before
-and after (forgetting), and the mean action distance to the VLA's samples over the last online records.
+"""VLA fine-tuning gain and forgetting: `algo=vla_qc` (route (a)) or `algo=vla_ppo` (route (b)) from one saved
+pretraining, per fine-tuned task and seed, one job at a time. Per job: the fine-tuned task's success before
+and after, the other tasks' success before and after (forgetting), and the divergence from the pretrained
+policy over the last online records: for vla_qc the action distance to the VLA's samples (and their spread),
+for vla_ppo the chain KL and the action distance to the pretrained policy. "Before" is the end of
+pretraining for vla_qc and the online step-0 eval for vla_ppo (the pretrained VLA at its fine-tuned step count).
 Success CIs are Wilson intervals over the pooled episodes of all seeds after fine-tuning; the pretraining
 is shared and evaluated once (fixed start states and noise), so "before" counts its episodes once. The
 seeds vary the critic's init, the exploration noise and the online episodes.
 
     python benchmarks/vla_finetune.py --pretrained RUN --tasks 2 4 --seeds 3 --online-steps 3000 \
         -- eval.episodes=10 budget.batch_size=256
+    python benchmarks/vla_finetune.py --algo vla_ppo --pretrained RUN --env mt10-suite --tasks 1 8 --seeds 3 \
+        --online-steps 8000 -- eval.episodes=20 algo.online_agent.bc_coef=0.1
 """
 from __future__ import annotations
 
@@ -25,6 +29,10 @@ from benchmarks.machine import cpu_info, uptime  # noqa: E402
 from embodied.stats import wilson  # noqa: E402
 
 
+DIAGNOSTICS = {"vla_qc": ("finetune/action_distance", "finetune/candidate_spread"),
+               "vla_ppo": ("finetune/action_distance", "finetune/chain_kl")}
+
+
 def last_online_mean(metrics: Path, key: str, records: int = 3) -> float | None:
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     values = [line[key] for line in lines if line.get("phase") == "online" and key in line][-records:]
@@ -40,11 +48,13 @@ def pooled(rates: list[float], episodes: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pretrained", type=Path, required=True, help="a vla_bc/vla_qc run with the flow head")
+    parser.add_argument("--algo", choices=sorted(DIAGNOSTICS), default="vla_qc", help="the fine-tuning route")
     parser.add_argument("--env", default="cube-single-suite")
     parser.add_argument("--dataset-size", type=int, default=2000, help="the pretraining's dataset.size")
     parser.add_argument("--tasks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--online-steps", type=int, default=3000)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads per job (jobs run one at a time)")
     parser.add_argument("--out", type=Path, default=None, help="run root (default benchmarks/results/raw/..., ignored)")
     parser.add_argument("--json", type=Path, default=None, help="summary JSON (default benchmarks/results/...)")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every job")
@@ -57,11 +67,11 @@ def main() -> None:
     for task in args.tasks:
         for seed in range(args.seeds):
             run_dir = root / f"task{task}_s{seed}"
-            command = [sys.executable, "-m", "embodied.train", "algo=vla_qc", f"env={args.env}", "dataset=task",
+            command = [sys.executable, "-m", "embodied.train", f"algo={args.algo}", f"env={args.env}", "dataset=task",
                        f"dataset.size={args.dataset_size}", f"pretrained={args.pretrained}",
                        f"algo.online_agent.task={task}", f"seed={seed}", f"budget.online_steps={args.online_steps}",
                        f"eval.every_online={args.online_steps}", "checkpoint.every=0", "eval.video_episodes=0",
-                       "logger=jsonl", "progress=false", "threads=2", f"hydra.run.dir={run_dir}", *args.overrides]
+                       "logger=jsonl", "progress=false", f"threads={args.threads}", f"hydra.run.dir={run_dir}", *args.overrides]
             print(f"[task {task} seed {seed}] {' '.join(command[2:])}", flush=True)
             started = time.time()
             with open(root / f"task{task}_s{seed}.log", "w") as log:
@@ -71,8 +81,7 @@ def main() -> None:
                 continue
             summary = json.loads((run_dir / "summary.json").read_text())
             job = {"task": task, "seed": seed, "wall_s": round(time.time() - started, 1), **summary["finetune"],
-                   "action_distance": last_online_mean(run_dir / "metrics.jsonl", "finetune/action_distance"),
-                   "candidate_spread": last_online_mean(run_dir / "metrics.jsonl", "finetune/candidate_spread"),
+                   **{key.split("/")[1]: last_online_mean(run_dir / "metrics.jsonl", key) for key in DIAGNOSTICS[args.algo]},
                    "episodes": summary["episodes"]}
             jobs.append(job)
             print(f"  task {task}: {job['success_before']:.2f} -> {job['success_after']:.2f}; other tasks "
@@ -92,10 +101,9 @@ def main() -> None:
             "after": pooled([r["success_after"] for r in runs], episodes),
             "other_tasks_before": pooled(mean([runs[0]["other_tasks_before"]]), episodes * len(others)),
             "other_tasks_after": pooled(mean([r["other_tasks_after"] for r in runs]), episodes * len(others)),
-            "action_distance": [r["action_distance"] for r in runs],
-            "candidate_spread": [r["candidate_spread"] for r in runs],
+            **{key.split("/")[1]: [r[key.split("/")[1]] for r in runs] for key in DIAGNOSTICS[args.algo]},
         }
-    result = {"benchmark": "vla_finetune", "pretrained": str(args.pretrained), "env": args.env,
+    result = {"benchmark": "vla_finetune", "algo": args.algo, "pretrained": str(args.pretrained), "env": args.env,
               "online_steps": args.online_steps, "overrides": args.overrides, "machine": machine,
               "load_after": uptime(), "jobs": jobs, "tables": tables}
     out = args.json or REPO / "benchmarks" / "results" / f"vla_finetune-{stamp}.json"

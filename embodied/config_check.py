@@ -334,14 +334,15 @@ def check_config(cfg: DictConfig) -> None:
             raise ConfigError(f"algo=vla_bc needs a multi-task suite with env.tasks in 1..{n or 5}, got "
                               f"env={cfg.env.name} env.tasks={None if tasks is None else list(tasks)}: "
                               "pick env=cube-single-suite, cube-double-suite, scene-suite or mt10-suite")
-    if cfg.algo.online_algo == "vla_qc":
-        task = cfg.algo.online_agent.get("task", agents.config_class("vla_qc")().task)
+    if cfg.algo.online_algo in ("vla_qc", "vla_ppo"):
+        online = cfg.algo.online_algo
+        task = cfg.algo.online_agent.get("task", agents.config_class(online)().task)
         if task not in list(tasks):
             raise ConfigError(f"algo.online_agent.task={task} is not in env.tasks={list(tasks)}; pick one of the "
                               "suite's tasks to fine-tune")
         every, start = cfg.checkpoint.every, cfg.budget.offline_steps
         if every > 0 and (start + cfg.budget.online_steps) // every > start // every:   # one would fall online
-            raise ConfigError(f"algo=vla_qc does not write online checkpoints yet, and checkpoint.every={every} "
+            raise ConfigError(f"algo={online} does not write online checkpoints yet, and checkpoint.every={every} "
                               "would checkpoint its online phase; set checkpoint.every=0 (the pretraining is "
                               "still saved under checkpoints/pretrained for pretrained=)")
     variations = cfg.env.get("variations")

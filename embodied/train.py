@@ -117,6 +117,8 @@ def run(cfg: DictConfig, run_dir: Path, on_start=None) -> dict:
             from embodied.agents.vla_bc import VLARunner as runner_cls
             if rcfg.online_algo == "vla_qc":  # online: a chunk critic and best-of-N over the VLA's samples
                 from embodied.agents.vla_qc import VLAQCRunner as runner_cls
+            if rcfg.online_algo == "vla_ppo":  # online: PPO through the flow head's noisy chain (ReinFlow)
+                from embodied.agents.vla_ppo import VLAPPORunner as runner_cls
 
             extra["tasks"] = list(cfg.env.tasks)
             extra["variations"] = list(cfg.env.get("variations") or ["none"])

@@ -8,6 +8,7 @@ import gymnasium
 
 from embodied.errors import UserError
 from sims import wrappers
+from sims.wrappers import skip_next_frames  # noqa: F401  (sims.skip_next_frames)
 
 # builder(spec, *, render_mode, render_size, **kwargs) -> env with a flat Box observation
 Builder = Callable[..., gymnasium.Env]
@@ -74,14 +75,15 @@ def spec(name: str) -> TaskSpec:
 
 def make(
     name: str, *, seed: int | None = None, render: bool = False, render_size: int = 128,
-    execute_horizon: int | None = None, **kwargs
+    execute_horizon: int | None = None, mid_chunk_frames: bool = True, **kwargs
 ) -> gymnasium.Env:
     """Build a task with the contract's dict observations and [-1, 1] actions.
 
     `seed` seeds the env (one reset) and its action space: later `reset()` calls are reproducible.
     `render=True` gives uint8 HWC frames of render_size x render_size from `env.render()`.
     `execute_horizon=k` makes `step` take an action chunk [H, A] and run its first k rows open-loop
-    (`wrappers.ChunkedActionWrapper`; info["executed"] says how many ran before the episode ended).
+    (`wrappers.ChunkedActionWrapper`; info["executed"] says how many ran before the episode ended);
+    with `mid_chunk_frames=False` cameras render only at the chunk's last step.
     """
     task = _task(name)
     render_mode = "rgb_array" if render else None
@@ -93,22 +95,11 @@ def make(
     if task.finish is not None:
         env = task.finish(env)
     if execute_horizon is not None:
-        env = wrappers.ChunkedActionWrapper(env, execute_horizon)
+        env = wrappers.ChunkedActionWrapper(env, execute_horizon, mid_chunk_frames)
     if seed is not None:
         env.reset(seed=seed)
         env.action_space.seed(seed)
     return env
-
-
-def skip_next_frames(env: gymnasium.Env) -> None:
-    """Leave the camera frames out of `env`'s next observation (one step; rendering is most of a
-    manipulation step's cost). For callers that know nobody reads them, e.g. mid-chunk; a no-op for
-    envs that render none. A policy handed such an observation fails loudly on the missing key."""
-    try:
-        skip = env.get_wrapper_attr("skip_frames_once")
-    except AttributeError:
-        return
-    skip()
 
 
 def normalized_score(name: str, episode_return: float) -> float | None:

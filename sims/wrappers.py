@@ -59,6 +59,17 @@ def disable_costly_rendering(env: gymnasium.Env) -> None:
     model.mat_reflectance[:] = 0.0  # no reflective materials -> no mirrored pass
 
 
+def skip_next_frames(env: gymnasium.Env) -> None:
+    """Leave the camera frames out of `env`'s next observation (one step; rendering is most of a
+    manipulation step's cost). For callers that know nobody reads them, e.g. mid-chunk; a no-op for
+    envs that render none. A policy handed such an observation fails loudly on the missing key."""
+    try:
+        skip = env.get_wrapper_attr("skip_frames_once")
+    except AttributeError:
+        return
+    skip()
+
+
 class ChunkedActionWrapper(gymnasium.Wrapper):
     """Step an env with an action chunk `[H, A]`, executed open-loop, one env step per row.
 
@@ -67,10 +78,13 @@ class ChunkedActionWrapper(gymnasium.Wrapper):
     and, in `info["chunk"]`, every per-step record (observations, actions, rewards, next
     observations, terminated, truncated) so a learner can store single transitions and later sample
     h-step chunks with `valid` masks. A `[A]` action is a chunk of one. Successes are OR-ed.
+    With `mid_chunk_frames=False` only the chunk's last step renders camera frames (a policy that acts
+    once per chunk reads no others); the per-step records then hold state-only observations.
     """
 
-    def __init__(self, env: gymnasium.Env, execute_horizon: int | None = None):
+    def __init__(self, env: gymnasium.Env, execute_horizon: int | None = None, mid_chunk_frames: bool = True):
         super().__init__(env)
+        self.mid_chunk_frames = bool(mid_chunk_frames)
         if execute_horizon is not None and int(execute_horizon) < 1:
             raise ConfigError(f"execute_horizon={execute_horizon} must be >= 1 (or None: the whole chunk)")
         self.execute_horizon = None if execute_horizon is None else int(execute_horizon)
@@ -97,7 +111,9 @@ class ChunkedActionWrapper(gymnasium.Wrapper):
         record = {k: [] for k in ("observations", "actions", "rewards", "next_observations", "terminated", "truncated")}
         total, success, info = 0.0, False, {}
         terminated = truncated = False
-        for action in rows:
+        for i, action in enumerate(rows):
+            if not self.mid_chunk_frames and i < len(rows) - 1:
+                skip_next_frames(self.env)
             obs, reward, terminated, truncated, info = self.env.step(action)
             for key, value in zip(record, (self._obs, action, reward, obs, terminated, truncated)):
                 record[key].append(value)

@@ -106,7 +106,7 @@ def test_every_shipped_preset_passes_the_checks():
 
     for experiment in ("smoke", "default"):
         for preset in group_options("algo"):
-            vla = preset in ("vla_bc", "vla_qc")
+            vla = preset in ("vla_bc", "vla_qc", "vla_ppo")
             suite = ["env=cube-single-suite", "dataset=task", "checkpoint.every=0"] if vla else []
             check_config(compose_train([f"algo={preset}", f"experiment={experiment}", *suite]))
     for env in ("hopper", "cube-single"):

@@ -18,7 +18,7 @@ from embodied.train import CONF_DIR, GROUPS, group_options, run
 
 REPO = Path(__file__).resolve().parents[1]
 # vla_bc and vla_qc train on a suite: tests/agents/test_vla_bc.py, tests/agents/test_vla_qc.py
-PRESETS = [p for p in group_options("algo") if p not in ("vla_bc", "vla_qc")]
+PRESETS = [p for p in group_options("algo") if p not in ("vla_bc", "vla_qc", "vla_ppo")]
 
 
 def compose_train(overrides: list[str]):

@@ -30,6 +30,7 @@ _AGENTS = {
     "tdmpc2": ("embodied.agents.tdmpc2:TDMPC2", "embodied.agents.tdmpc2:TDMPC2Config", {}),  # world model + MPPI
     "vla_bc": ("embodied.agents.vla_bc:VLABC", "embodied.agents.vla_bc:VLABCConfig", {}),  # images + language
     "vla_qc": ("embodied.agents.vla_qc:VLAQC", "embodied.agents.vla_qc:VLAQCConfig", {}),  # online, from vla_bc
+    "vla_ppo": ("embodied.agents.vla_ppo:VLAPPO", "embodied.agents.vla_ppo:VLAPPOConfig", {}),  # online, from vla_bc
 }
 
 
@@ -49,12 +50,13 @@ def config_class(name: str):
 # How the online phase continues from the offline agent (the switch). "same" keeps the offline agent and its
 # loss; "sac" swaps the loss to SAC on the pretrained networks (WSRL, naive, Cal-QL -> SAC); "dppo" runs
 # PPO through a pretrained diffusion policy's denoising chain; "vla_qc" learns a chunk critic over a
-# pretrained VLA and acts best-of-N over its samples. Without pretraining any agent may learn online.
+# pretrained VLA and acts best-of-N over its samples; "vla_ppo" runs PPO through the VLA's noisy flow chain. Without pretraining any agent may learn online.
 SWITCHES = {
     "same": {"cql", "calql", "iql", "bc", "bc_diffusion", "bc_flow", "fql", "qc", "qc_fql", "tdmpc2", "vla_bc"},
     "sac": {"cql", "calql", "iql", "bc", "sac"},
     "dppo": {"bc_diffusion"},
     "vla_qc": {"vla_bc"},   # a chunk critic and best-of-N over the pretrained VLA's samples
+    "vla_ppo": {"vla_bc"},  # ReinFlow: PPO through the flow head's chain with a learned noise
 }
 
 
@@ -109,7 +111,7 @@ def _check_type(agent: str, key: str, value, default) -> None:
 
 # Agents that exist only on top of a pretrained one (name -> the offline agent they continue): built with
 # `continue_from`, never from scratch.
-CONTINUATIONS = {"vla_qc": "vla_bc"}
+CONTINUATIONS = {"vla_qc": "vla_bc", "vla_ppo": "vla_bc"}
 
 
 def make(name: str, obs_dim: int, act_dim: int, overrides: dict | None = None, device: str = "cpu", seed: int = 0):

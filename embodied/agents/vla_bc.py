@@ -25,7 +25,7 @@ import torch
 
 import policies
 from embodied.agents.base import Agent
-from embodied.agents.runner import CHUNK_EVAL_ENVS, Runner
+from embodied.agents.runner import CHUNK_EVAL_ENVS, Runner, eval_seed
 from embodied.constants import STATE_KEY
 from embodied.errors import ConfigError
 from embodied.evaluation import ChunkActor, evaluate, record_video
@@ -210,4 +210,40 @@ class VLARunner(Runner):
                                     episodes=1, seed=seed, size=self.cfg.video_size, env_kwargs=self._env_kwargs(task),
                                     full_obs=True)
                 summary["videos"][task] = str(path) if path else None
+        return summary
+
+
+class VLAFinetuneRunner(VLARunner):
+    """VLARunner for the online fine-tuning routes (`vla_qc`, `vla_ppo`): one task of the suite
+    (`algo.online_agent.task`) is fine-tuned, every eval covers all of them, so the other tasks' success
+    before and after is the forgetting measurement. Evals use a seed-0 run's start states whatever this
+    run's seed: the fine-tunes of every seed are evaluated on the states the (seed-0, default)
+    pretraining's end-of-offline eval used, so before and after are paired."""
+
+    def __init__(self, cfg, dataset, run_dir, logger, **kwargs):
+        super().__init__(cfg, dataset, run_dir, logger, **kwargs)
+        from embodied import agents
+
+        self.finetune_task = agents.make_config(cfg.online_algo, cfg.online_agent).task   # in env.tasks: config_check
+        self.before_finetune = None
+
+    def _eval_seed(self) -> int:
+        return eval_seed(0)
+
+    def _before(self) -> dict:
+        """The eval that "before" reads: the end of pretraining."""
+        return self.end_of_offline or {}
+
+    def _finish(self) -> dict:
+        summary = super()._finish()
+        before, after = self._before(), self.eval_history[-1]
+        others = [t for t in self.tasks if t != self.finetune_task]
+        task_key = lambda t: f"eval/task{t}/success"
+        summary["finetune"] = {
+            "task": self.finetune_task,
+            "success_before": before.get(task_key(self.finetune_task)),
+            "success_after": after[task_key(self.finetune_task)],
+            "other_tasks_before": {t: before.get(task_key(t)) for t in others},
+            "other_tasks_after": {t: after[task_key(t)] for t in others},
+        }
         return summary

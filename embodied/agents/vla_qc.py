@@ -40,8 +40,8 @@ from embodied import agents
 from embodied.agents.base import Agent
 from embodied.agents.chunking import chunk_td_target
 from embodied.agents.nets import CriticEnsemble, adam, soft_update, to_torch
-from embodied.agents.runner import eval_seed, mean_metrics
-from embodied.agents.vla_bc import VLARunner
+from embodied.agents.runner import mean_metrics
+from embodied.agents.vla_bc import VLAFinetuneRunner
 from embodied.constants import STATE_KEY
 from embodied.errors import ConfigError
 from embodied.evaluation import stack_observations
@@ -225,22 +225,12 @@ class ChunkReplay:
         return {k: v[index] for k, v in self.data.items()}
 
 
-class VLAQCRunner(VLARunner):
+class VLAQCRunner(VLAFinetuneRunner):
     """VLARunner with the online phase of `online_algo=vla_qc`: one env of the fine-tuned task (frames and
     the instruction), a chunk per boundary, chunk transitions into a ChunkReplay, `utd` critic updates per
     env step. The switch knobs are the runner's: `warmup_steps` act with the VLA's own sample (no
     selection, no updates), `random_steps` with uniform chunks; evaluation covers every task of the suite,
     so the other tasks' success before and after is the forgetting measurement."""
-
-    def __init__(self, cfg, dataset, run_dir, logger, **kwargs):
-        super().__init__(cfg, dataset, run_dir, logger, **kwargs)
-        self.finetune_task = agents.make_config("vla_qc", cfg.online_agent).task   # in env.tasks: config_check
-
-    def _eval_seed(self) -> int:
-        """The eval start states of a seed-0 run whatever this run's seed: the fine-tunes of every seed are
-        evaluated on the states the (seed-0, default) pretraining's end-of-offline eval used, so before and
-        after are paired."""
-        return eval_seed(0)
 
     def _online_agent(self):
         return agents.continue_from("vla_qc", self.offline_agent, self.cfg.online_agent, seed=self.cfg.seed)
@@ -329,19 +319,3 @@ class VLAQCRunner(VLARunner):
         env.close()
         if cfg.online_steps == 0:   # a pretraining-only run: its summary reads one online-phase eval
             self.evaluate(0, self.offline_step)
-
-    def _finish(self) -> dict:
-        summary = super()._finish()
-        before = self.end_of_offline or {}
-        after = self.eval_history[-1]
-        others = [t for t in self.tasks if t != self.finetune_task]
-        task_key = lambda t: f"eval/task{t}/success"
-        summary["finetune"] = {
-            "task": self.finetune_task,
-            "success_before": before.get(task_key(self.finetune_task)),
-            "success_after": after[task_key(self.finetune_task)],
-            "other_tasks_before": {t: before.get(task_key(t)) for t in others},
-            "other_tasks_after": {t: after[task_key(t)] for t in others},
-        }
-        return summary
-

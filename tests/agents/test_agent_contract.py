@@ -20,19 +20,22 @@ from policies.base import STATE_KEY
 OBS, ACT, B = 5, 3, 4
 NAMES = agents.names()
 SMALL = {"hidden": (32, 32), "cql_n_actions": 2, "num_samples": 4, "flow_steps": 3, "update_epochs": 1,
-         "minibatch_size": 16, "denoiser": "mlp", "denoiser_kwargs": {"hidden": (32, 32)},
+         "minibatch_size": 16, "critic_hidden": (32, 32), "sample_repeats": 1, "denoiser": "mlp",
+         "denoiser_kwargs": {"hidden": (32, 32)},
          # vla_bc: state-only (the replay batches here carry no frames), a tiny backbone, no model to load
          "cameras": (), "vla_kwargs": {"dim": 32, "depth": 1, "channels": (8, 16)}, "text_encoder": "hash"}
+# what a continuation needs of the agent it continues (vla_ppo fine-tunes the flow head's chain)
+BASES = {"vla_ppo": {"head": "flow"}}
 CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"))
 
 
-def build(name: str, device: str = "cpu", init_seed: int = 0):
+def build(name: str, device: str = "cpu", init_seed: int = 0, base_overrides: dict | None = None):
     """The registry's agent (preset values included) with small networks; `init_seed` seeds the weights. An
     agent that continues a pretrained one (agents.CONTINUATIONS) is built on a small agent of that kind."""
     fields = {f.name for f in dataclasses.fields(agents.config_class(name))}
-    small = {k: v for k, v in SMALL.items() if k in fields}
+    small = {k: v for k, v in {**SMALL, **(base_overrides or {})}.items() if k in fields}
     if name in agents.CONTINUATIONS:
-        base = build(agents.CONTINUATIONS[name], device=device)
+        base = build(agents.CONTINUATIONS[name], device=device, base_overrides=BASES.get(name))
         torch.manual_seed(init_seed)
         return agents.continue_from(name, base, small, seed=0)
     torch.manual_seed(init_seed)
@@ -69,6 +72,12 @@ def training_batch(agent, buf: ReplayBuffer, n: int = 32, seed: int = 0) -> dict
         return {"cond": cond, "latents": latents, "old_log_probs": old,
                 "advantages": torch.randn(n, generator=g).to(agent.device),
                 "returns": torch.randn(n, generator=g).to(agent.device)}
+    if hasattr(agent, "explore"):   # vla_ppo: its own noisy chains over rollout rows (on-policy)
+        g = torch.Generator().manual_seed(seed)
+        rows = agent.inputs({STATE_KEY: buf.sample(n)["observations"], "task": "push the block"})
+        out = agent.explore(rows)
+        return {"rows": rows, "chain": out["chain"], "log_prob": out["log_prob"],
+                "advantages": torch.randn(n, generator=g), "returns": torch.randn(n, generator=g)}
     if hasattr(agent, "candidates"):   # vla_qc: chunk-boundary rows with the next state's VLA samples
         chunks = buf.sample_chunks(n, agent.chunk_horizon)
         g = torch.Generator().manual_seed(seed)

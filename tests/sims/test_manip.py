@@ -84,6 +84,25 @@ def test_skip_next_frames_leaves_out_one_observations_frames_and_nothing_else():
         e.close()
 
 
+def test_a_chunked_env_without_mid_chunk_frames_renders_only_the_chunks_last_observation():
+    kwargs = dict(images=("front",), image_size=32, language=True, execute_horizon=3)
+    env = sims.make("cube-single", mid_chunk_frames=False, **kwargs)
+    twin = sims.make("cube-single", **kwargs)
+    env.reset(seed=5)
+    twin.reset(seed=5)
+    chunk = np.full((3, 5), 0.2, np.float32)
+    obs, reward, *_, info = env.step(chunk)
+    twin_obs, twin_reward, *_, twin_info = twin.step(chunk)
+    seen = [set(o) for o in info["chunk"]["next_observations"]]
+    assert seen[:2] == [{"observation.state", "task"}] * 2 and "observation.images.front" in seen[2]
+    assert all("observation.images.front" in o for o in twin_info["chunk"]["next_observations"])
+    np.testing.assert_array_equal(obs["observation.images.front"], twin_obs["observation.images.front"])
+    np.testing.assert_array_equal(obs["observation.state"], twin_obs["observation.state"])
+    assert reward == twin_reward
+    env.close()
+    twin.close()
+
+
 def test_sparse_reward_success_and_scene_agree_along_an_oracle_episode():
     env = sims.make("cube-single", seed=0)
     preds = env.get_wrapper_attr("subgoals")()
