@@ -71,7 +71,8 @@ def main() -> None:
                        f"dataset.size={args.dataset_size}", f"pretrained={args.pretrained}",
                        f"algo.online_agent.task={task}", f"seed={seed}", f"budget.online_steps={args.online_steps}",
                        f"eval.every_online={args.online_steps}", "checkpoint.every=0", "eval.video_episodes=0",
-                       "logger=jsonl", "progress=false", f"threads={args.threads}", f"hydra.run.dir={run_dir}", *args.overrides]
+                       "logger=jsonl", "progress=false", f"threads={args.threads}", f"hydra.run.dir={run_dir}",
+                       *args.overrides]
             print(f"[task {task} seed {seed}] {' '.join(command[2:])}", flush=True)
             started = time.time()
             with open(root / f"task{task}_s{seed}.log", "w") as log:
@@ -81,7 +82,8 @@ def main() -> None:
                 continue
             summary = json.loads((run_dir / "summary.json").read_text())
             job = {"task": task, "seed": seed, "wall_s": round(time.time() - started, 1), **summary["finetune"],
-                   **{key.split("/")[1]: last_online_mean(run_dir / "metrics.jsonl", key) for key in DIAGNOSTICS[args.algo]},
+                   **{key.split("/")[1]: last_online_mean(run_dir / "metrics.jsonl", key)
+                      for key in DIAGNOSTICS[args.algo]},
                    "episodes": summary["episodes"]}
             jobs.append(job)
             print(f"  task {task}: {job['success_before']:.2f} -> {job['success_after']:.2f}; other tasks "

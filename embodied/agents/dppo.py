@@ -234,6 +234,16 @@ def _per_env(info: dict, key: str, n: int, default) -> np.ndarray:
     return out
 
 
+def log_episode_ends(runner: Runner, episode_return: np.ndarray, done: np.ndarray, success: np.ndarray) -> None:
+    """Log each finished vector env's return and success, and zero its running return."""
+    for i in np.flatnonzero(done):
+        runner.episodes_done += 1
+        runner.logger.log({"online/episode_return": float(episode_return[i]), "online/success": float(success[i]),
+                           "total_step": runner.offline_step + runner.online_step},
+                          step=runner.online_step, phase="online", kind="train")
+        episode_return[i] = 0.0
+
+
 class RunningReturnStd:
     """Running std of the discounted return per env: rewards / std keep V targets O(1) whatever the task's
     reward scale (DPPO's running reward scaling)."""
@@ -418,14 +428,8 @@ class DPPORunner(Runner):
         bar.close()
 
     def _episode_bookkeeping(self, reward: np.ndarray, executed: np.ndarray, done: np.ndarray, success: np.ndarray) -> None:
-        loop = self.loop
-        loop.episode_return += self.rewards.raw(reward, steps=executed)
-        for i in np.flatnonzero(done):
-            self.episodes_done += 1
-            total = self.offline_step + self.online_step
-            self.logger.log({"online/episode_return": float(loop.episode_return[i]), "online/success": float(success[i]),
-                             "total_step": total}, step=self.online_step, phase="online", kind="train")
-            loop.episode_return[i] = 0.0
+        self.loop.episode_return += self.rewards.raw(reward, steps=executed)
+        log_episode_ends(self, self.loop.episode_return, done, success)
 
     def _maybe_checkpoint_crossing(self, total_step: int) -> None:
         every = self.cfg.checkpoint_every

@@ -43,7 +43,7 @@ from torch import nn
 from tqdm import tqdm
 
 from embodied.agents.base import Agent
-from embodied.agents.dppo import RunningReturnStd, _per_env, gae
+from embodied.agents.dppo import RunningReturnStd, _per_env, gae, log_episode_ends
 from embodied.agents.nets import ValueEnsemble, to_torch
 from embodied.agents.runner import mean_metrics
 from embodied.agents.vla_bc import VLAFinetuneRunner
@@ -282,7 +282,8 @@ class VLAPPO(Agent):
                 adv = data["advantages"][idx]
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8) if len(idx) > 1 else adv   # per minibatch, as ReinFlow
                 pg = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_ratio, 1 + cfg.clip_ratio)).mean()
-                v_loss = 0.5 * (self.value(rows["state"][idx], rows["text"][idx]) - data["returns"][idx]).square().mean()
+                values = self.value(rows["state"][idx], rows["text"][idx])
+                v_loss = 0.5 * (values - data["returns"][idx]).square().mean()
                 loss = pg - cfg.ent_coef * entropy.mean() + cfg.vf_coef * v_loss
                 metrics = {}
                 if cfg.bc_coef > 0 and bc_sampler is not None:
@@ -305,7 +306,7 @@ class VLAPPO(Agent):
                                 "ratio_mean": float(ratio.detach().mean()), "entropy": float(entropy.detach().mean()),
                                 **metrics})
         out = mean_metrics(history)
-        out["train/first_ratio"] = history[0]["ratio_mean"]    # 1 up to float error: the stored log-probs are recomputed
+        out["train/first_ratio"] = history[0]["ratio_mean"]   # 1 up to float error: stored log-probs recomputed
         out["train/minibatches"] = float(len(history))
         out["train/noise_max_std"] = math.exp(0.5 * self.noise.logvar_max)
         return out
@@ -315,8 +316,10 @@ class VLAPPO(Agent):
         """Chain KL to the pretrained policy on these rows (the fine-tuned chain's samples, the same sigma), and
         the action distance between the two deterministic chunks from the same noise (raw action units)."""
         actor, ref = self.actor, self.reference
-        cache, context = self.condition(actor, actor.prefix(rows["state"], rows["images"], rows["tasks"]))
-        ref_cache, _ = self.condition(ref, ref.prefix(rows["state"], rows["images"], rows["tasks"]))
+        prefix = actor.prefix(rows["state"], rows["images"], rows["tasks"])
+        ref_prefix = ref.prefix(rows["state"], rows["images"], rows["tasks"])
+        cache, context = self.condition(actor, prefix)
+        ref_cache, _ = self.condition(ref, ref_prefix)
         chain, _ = self.sample(cache, context)
         kl = torch.zeros(chain.shape[0], device=chain.device)
         for k in range(self.cfg.denoising_steps):
@@ -324,8 +327,7 @@ class VLAPPO(Agent):
             ref_mean, _ = self.step_mean_std(ref, chain[:, k], k, ref_cache, context, with_std=False)
             kl += ((mean - ref_mean).square() / (2 * std.square())).flatten(1).sum(1)
         z = torch.randn(chain[:, 0].shape, generator=torch.Generator().manual_seed(0)).to(chain.device)
-        distance = actor.unnormalize_actions(actor.euler(actor.prefix(rows["state"], rows["images"], rows["tasks"]), z)) \
-            - ref.unnormalize_actions(ref.euler(ref.prefix(rows["state"], rows["images"], rows["tasks"]), z))
+        distance = actor.unnormalize_actions(actor.euler(prefix, z)) - ref.unnormalize_actions(ref.euler(ref_prefix, z))
         return {"finetune/chain_kl": float(kl.mean()), "finetune/action_distance": float(distance.norm(dim=-1).mean())}
 
     def merge_adapters(self) -> None:
@@ -379,7 +381,8 @@ class VLAPPORunner(VLAFinetuneRunner):
                    dynamic_ncols=True)
         while self.online_step < cfg.online_steps:
             agent.set_progress(iteration / planned)
-            roll = {k: [] for k in ("rows", "chain", "log_prob", "values", "next_values", "rewards", "terminals", "dones")}
+            roll = {k: [] for k in ("rows", "chain", "log_prob", "values", "next_values", "rewards", "terminals",
+                                    "dones")}
             for _ in range(pcfg.rollout_steps):
                 rows = agent.inputs(obs)
                 out = agent.explore(rows)
@@ -402,12 +405,7 @@ class VLAPPORunner(VLAFinetuneRunner):
                 roll["terminals"].append(np.asarray(terminated, np.float32))
                 roll["dones"].append(done.astype(np.float32))
                 episode_return += self.rewards.raw(reward, steps=executed)
-                for i in np.flatnonzero(done):
-                    self.episodes_done += 1
-                    self.logger.log({"online/episode_return": float(episode_return[i]), "online/success": float(success[i]),
-                                     "total_step": self.offline_step + self.online_step},
-                                    step=self.online_step, phase="online", kind="train")
-                    episode_return[i] = 0.0
+                log_episode_ends(self, episode_return, done, success)
                 self.online_step += int(executed.sum())
                 bar.update(int(executed.sum()))
                 if self.online_step >= cfg.online_steps:
