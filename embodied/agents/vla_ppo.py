@@ -77,7 +77,8 @@ class VLAPPOConfig:
     target_kl: float | None = 1.0              # stop an iteration's minibatches past this approx-KL
     update_epochs: int = 5
     sample_repeats: int = 10                   # ReinFlow's repeat_samples: each decision 10x per epoch
-    minibatch_size: int = 64                   # CPU count (ReinFlow: 50,000 over 40 envs x 500 steps x 10)
+    minibatches: int = 4                       # per epoch: ReinFlow's 40 envs x 500 steps x 10 repeats / batch 50,000,
+                                               # kept whatever the rollout's size (20 steps per iteration)
     actor_lr: float = 4.5e-5
     critic_lr: float = 6.5e-4
     critic_weight_decay: float = 1e-5
@@ -126,9 +127,9 @@ class VLAPPO(Agent):
             raise ConfigError(f"algo.online_agent.finetune={cfg.finetune!r}: choose one of {', '.join(FINETUNE_MODES)}")
         if cfg.denoising_steps < 1 or not 0 < cfg.min_std <= cfg.max_std:
             raise ConfigError("algo.online_agent.denoising_steps must be >= 1 and 0 < min_std <= max_std")
-        if min(cfg.n_envs, cfg.rollout_steps, cfg.update_epochs, cfg.sample_repeats, cfg.minibatch_size) < 1:
+        if min(cfg.n_envs, cfg.rollout_steps, cfg.update_epochs, cfg.sample_repeats, cfg.minibatches) < 1:
             raise ConfigError("algo.online_agent n_envs, rollout_steps, update_epochs, sample_repeats and "
-                              "minibatch_size must be >= 1")
+                              "minibatches must be >= 1")
         super().__init__(obs_dim, act_dim, cfg, device, seed)
         torch.manual_seed(seed)   # noise net and critic init
         vla.flow_steps = cfg.denoising_steps
@@ -271,7 +272,7 @@ class VLAPPO(Agent):
         params = [p for group in self.actor_optimizer.param_groups for p in group["params"]]
         for _ in range(cfg.update_epochs):
             order = torch.randperm(n * cfg.sample_repeats) % n
-            for idx in order.split(cfg.minibatch_size):
+            for idx in order.chunk(cfg.minibatches):
                 if cfg.target_kl is not None and approx_kl > cfg.target_kl:
                     break
                 idx = idx.to(self.device)

@@ -22,7 +22,7 @@ from tests.agents.test_vla_bc import TINY, compose_train
 OBS, ACT, H, B = 4, 2, 3, 6
 VLA = {"cameras": ("front",), "image_size": 32, "chunk": H, "head": "flow", "text_encoder": "hash",
        "vla_kwargs": {"dim": 16, "depth": 1, "num_heads": 2, "channels": (8, 16)}}
-PPO = {"minibatch_size": 4, "update_epochs": 2, "sample_repeats": 2, "critic_hidden": (16, 16)}
+PPO = {"minibatches": 2, "update_epochs": 2, "sample_repeats": 2, "critic_hidden": (16, 16)}
 
 
 def pretrained(**overrides):
@@ -154,7 +154,7 @@ VLA_PPO_TINY = ["algo=vla_ppo", "env=cube-single-suite", "env.tasks=[1,2]", "dat
                 "budget.offline_steps=6", "budget.online_steps=64", "budget.batch_size=8", "eval.episodes=1",
                 "eval.every_offline=6", "eval.every_online=64", "logger=jsonl", "progress=false", "threads=1",
                 "checkpoint.every=0", "eval.video_episodes=0", "algo.online_agent.task=2",
-                "algo.online_agent.n_envs=2", "algo.online_agent.rollout_steps=2", "algo.online_agent.minibatch_size=8",
+                "algo.online_agent.n_envs=2", "algo.online_agent.rollout_steps=2", "algo.online_agent.minibatches=2",
                 "algo.online_agent.sample_repeats=2", "algo.online_agent.critic_hidden=[32,32]", *TINY]
 
 
