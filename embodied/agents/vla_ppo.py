@@ -11,7 +11,10 @@ adds a small learned noise network sigma(s_k, context) and samples each step as 
 so the whole chain is a Markov chain with a tractable likelihood, and PPO applies to it with one ratio per
 chunk. The log-likelihood is ReinFlow's normalised one: log N(x_0) plus every transition, divided by
 (K + 1) and by the chunk's size, clamped to [logprob_min, logprob_max]; the entropy term is normalised the
-same way. V(s) reads the state and the instruction's frozen embedding (an asymmetric critic: the sim's
+same way. The reward is the task's success (1 at the decision whose chunk succeeds, `reward=success`), not
+the env's shaped reward: Meta-World's dense reward peaks inside the success region, and with episodes ending
+at success a policy that hovers at its edge out-earns one that succeeds (a pilot went 0.3 -> 0.0 success
+while its return rose). V(s) reads the state and the instruction's frozen embedding (an asymmetric critic: the sim's
 state is at hand while fine-tuning; the policy still acts from the camera). Rollouts come from `n_envs`
 envs of the fine-tuned task, each executing its chunk open-loop; GAE over chunk decisions. Evaluation
 and deployment use the plain K-step Euler sampler of the fine-tuned VLA (no injected noise), which is
@@ -85,6 +88,9 @@ class VLAPPOConfig:
     max_grad_norm: float | None = None         # ReinFlow's hopper config clips nothing
     gamma: float = 0.99                        # per chunk decision
     gae_lambda: float = 0.95
+    reward: str = "success"                    # what PPO maximises: "success" (1 at the decision whose chunk succeeds;
+                                               # ReinFlow's manipulation tasks use sparse success rewards) or "env"
+                                               # (the env's reward through the run's transform)
     reward_norm: bool = True                   # running std of discounted returns (reward_scale_running)
     critic_hidden: tuple[int, ...] = (256, 256, 256)
     n_envs: int = 4                            # CPU count (ReinFlow: 40)
@@ -123,6 +129,8 @@ class VLAPPO(Agent):
         if getattr(vla, "head", None) != "flow":
             raise ConfigError(f"algo=vla_ppo needs the flow head (its Euler chain is what PPO fine-tunes); the VLA has "
                               f"head={getattr(vla, 'head', None)!r}: pretrain with algo.offline_agent.head=flow")
+        if cfg.reward not in ("success", "env"):
+            raise ConfigError(f"algo.online_agent.reward={cfg.reward!r}: choose success or env")
         if cfg.finetune not in FINETUNE_MODES:
             raise ConfigError(f"algo.online_agent.finetune={cfg.finetune!r}: choose one of {', '.join(FINETUNE_MODES)}")
         if cfg.denoising_steps < 1 or not 0 < cfg.min_std <= cfg.max_std:
@@ -390,7 +398,8 @@ class VLAPPORunner(VLAFinetuneRunner):
                 obs, reward, terminated, truncated, info = envs.step(out["chunk"][:, :h].cpu().numpy())
                 executed = _per_env(info, "executed", n, h).astype(np.int64)
                 success = _per_env(info, "success", n, False).astype(bool)
-                reward = self.rewards(reward, steps=executed)
+                episode_return += np.asarray(reward, np.float64)   # the env's own return, for the logs
+                reward = success.astype(np.float32) if pcfg.reward == "success" else self.rewards(reward, steps=executed)
                 done = np.asarray(terminated) | np.asarray(truncated)
                 after = np.asarray(obs[STATE_KEY], np.float32).copy()
                 if "final_obs" in info:
@@ -405,7 +414,6 @@ class VLAPPORunner(VLAFinetuneRunner):
                 roll["rewards"].append(return_norm(reward, done) if pcfg.reward_norm else reward.astype(np.float32))
                 roll["terminals"].append(np.asarray(terminated, np.float32))
                 roll["dones"].append(done.astype(np.float32))
-                episode_return += self.rewards.raw(reward, steps=executed)
                 log_episode_ends(self, episode_return, done, success)
                 self.online_step += int(executed.sum())
                 bar.update(int(executed.sum()))
