@@ -1,5 +1,5 @@
 """VLA fine-tuning gain and forgetting: `algo=vla_qc` (route (a)) or `algo=vla_ppo` (route (b)) from one saved
-pretraining, per fine-tuned task and seed, one job at a time. Per job: the fine-tuned task's success before
+pretraining, per fine-tuned task and seed, `--jobs` at a time. Per job: the fine-tuned task's success before
 and after, the other tasks' success before and after (forgetting), and the divergence from the pretrained
 policy over the last online records: for vla_qc the action distance to the VLA's samples (and their spread),
 for vla_ppo the chain KL and the action distance to the pretrained policy. "Before" is the end of
@@ -20,6 +20,7 @@ import json
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
@@ -54,7 +55,8 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--online-steps", type=int, default=3000)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads per job (jobs run one at a time)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads per job")
+    parser.add_argument("--jobs", type=int, default=1, help="fine-tunes at a time (jobs x threads <= cores)")
     parser.add_argument("--out", type=Path, default=None, help="run root (default benchmarks/results/raw/..., ignored)")
     parser.add_argument("--json", type=Path, default=None, help="summary JSON (default benchmarks/results/...)")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every job")
@@ -63,31 +65,34 @@ def main() -> None:
     root = args.out or REPO / "benchmarks" / "results" / "raw" / f"vla_finetune_{stamp}"
     root.mkdir(parents=True, exist_ok=True)
     machine = {"cpu": cpu_info(), "load_before": uptime()}
-    jobs = []
-    for task in args.tasks:
-        for seed in range(args.seeds):
-            run_dir = root / f"task{task}_s{seed}"
-            command = [sys.executable, "-m", "embodied.train", f"algo={args.algo}", f"env={args.env}", "dataset=task",
-                       f"dataset.size={args.dataset_size}", f"pretrained={args.pretrained}",
-                       f"algo.online_agent.task={task}", f"seed={seed}", f"budget.online_steps={args.online_steps}",
-                       f"eval.every_online={args.online_steps}", "checkpoint.every=0", "eval.video_episodes=0",
-                       "logger=jsonl", "progress=false", f"threads={args.threads}", f"hydra.run.dir={run_dir}",
-                       *args.overrides]
-            print(f"[task {task} seed {seed}] {' '.join(command[2:])}", flush=True)
-            started = time.time()
-            with open(root / f"task{task}_s{seed}.log", "w") as log:
-                code = subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
-            if code != 0:
-                print(f"  failed ({code}): see {root / f'task{task}_s{seed}.log'}", flush=True)
-                continue
-            summary = json.loads((run_dir / "summary.json").read_text())
-            job = {"task": task, "seed": seed, "wall_s": round(time.time() - started, 1), **summary["finetune"],
-                   **{key.split("/")[1]: last_online_mean(run_dir / "metrics.jsonl", key)
-                      for key in DIAGNOSTICS[args.algo]},
-                   "episodes": summary["episodes"]}
-            jobs.append(job)
-            print(f"  task {task}: {job['success_before']:.2f} -> {job['success_after']:.2f}; other tasks "
-                  f"{job['other_tasks_before']} -> {job['other_tasks_after']} ({job['wall_s']:.0f} s)", flush=True)
+
+    def run_job(task: int, seed: int) -> dict | None:
+        run_dir = root / f"task{task}_s{seed}"
+        command = [sys.executable, "-m", "embodied.train", f"algo={args.algo}", f"env={args.env}", "dataset=task",
+                   f"dataset.size={args.dataset_size}", f"pretrained={args.pretrained}",
+                   f"algo.online_agent.task={task}", f"seed={seed}", f"budget.online_steps={args.online_steps}",
+                   f"eval.every_online={args.online_steps}", "checkpoint.every=0", "eval.video_episodes=0",
+                   "logger=jsonl", "progress=false", f"threads={args.threads}", f"hydra.run.dir={run_dir}",
+                   *args.overrides]
+        print(f"[task {task} seed {seed}] {' '.join(command[2:])}", flush=True)
+        started = time.time()
+        with open(root / f"task{task}_s{seed}.log", "w") as log:
+            code = subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
+        if code != 0:
+            print(f"  failed ({code}): see {root / f'task{task}_s{seed}.log'}", flush=True)
+            return None
+        summary = json.loads((run_dir / "summary.json").read_text())
+        job = {"task": task, "seed": seed, "wall_s": round(time.time() - started, 1), **summary["finetune"],
+               **{key.split("/")[1]: last_online_mean(run_dir / "metrics.jsonl", key)
+                  for key in DIAGNOSTICS[args.algo]},
+               "episodes": summary["episodes"]}
+        print(f"  task {task} seed {seed}: {job['success_before']:.2f} -> {job['success_after']:.2f}; other tasks "
+              f"{job['other_tasks_before']} -> {job['other_tasks_after']} ({job['wall_s']:.0f} s)", flush=True)
+        return job
+
+    with ThreadPoolExecutor(args.jobs) as pool:   # each job is its own process
+        results = pool.map(lambda ts: run_job(*ts), [(t, s) for t in args.tasks for s in range(args.seeds)])
+        jobs = [job for job in results if job is not None]
     tables = {}
     for task in args.tasks:
         runs = [j for j in jobs if j["task"] == task]
