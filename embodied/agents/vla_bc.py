@@ -46,7 +46,21 @@ class VLABCConfig:
     distill_weight: float = 1.0                # flow head with onestep_head: train the one-step head alongside
 
 
-class VLABC(Agent):
+class VLAActing:
+    """Acting with the agent's VLA (`self.actor`) as it is: what vla_bc evaluates and vla_ppo deploys."""
+
+    @torch.no_grad()
+    def act_chunk(self, obs, deterministic: bool = False, generator: torch.Generator | None = None) -> np.ndarray:
+        """[B, chunk, A] for a batched observation dict, or for state histories [B, To, obs]."""
+        if not isinstance(obs, dict):
+            obs = {STATE_KEY: np.asarray(obs, np.float32)[:, -1]}
+        return self.actor.act(obs, deterministic=deterministic, generator=generator)
+
+    def act(self, obs, deterministic: bool = False) -> np.ndarray:
+        return self.actor.act(obs, deterministic)[..., 0, :]
+
+
+class VLABC(VLAActing, Agent):
     def __init__(self, obs_dim: int, act_dim: int, cfg: VLABCConfig = VLABCConfig(), device: str = "cpu",
                  seed: int = 0):
         super().__init__(obs_dim, act_dim, cfg, device, seed)
@@ -91,16 +105,6 @@ class VLABC(Agent):
         self.optimizer.step()
         self.actor.eval()
         return {k: float(v) for k, v in metrics.items()}
-
-    @torch.no_grad()
-    def act_chunk(self, obs, deterministic: bool = False, generator: torch.Generator | None = None) -> np.ndarray:
-        """[B, chunk, A] for a batched observation dict, or for state histories [B, To, obs]."""
-        if not isinstance(obs, dict):
-            obs = {STATE_KEY: np.asarray(obs, np.float32)[:, -1]}
-        return self.actor.act(obs, deterministic=deterministic, generator=generator)
-
-    def act(self, obs, deterministic: bool = False) -> np.ndarray:
-        return self.actor.act(obs, deterministic)[..., 0, :]
 
     def _modules(self) -> dict:
         return {"actor": self.actor}

@@ -49,7 +49,7 @@ from embodied.agents.base import Agent
 from embodied.agents.dppo import RunningReturnStd, _per_env, gae, log_episode_ends
 from embodied.agents.nets import ValueEnsemble, to_torch
 from embodied.agents.runner import mean_metrics
-from embodied.agents.vla_bc import VLAFinetuneRunner
+from embodied.agents.vla_bc import VLAActing, VLAFinetuneRunner
 from embodied.constants import STATE_KEY
 from embodied.errors import ConfigError
 
@@ -120,7 +120,9 @@ class NoiseNet(nn.Module):
         return torch.exp(0.5 * (self.logvar_min + (self.logvar_max - self.logvar_min) * unit))
 
 
-class VLAPPO(Agent):
+class VLAPPO(VLAActing, Agent):
+    """Acts (`act_chunk`, evaluation, deployment) with the fine-tuned VLA's plain K-step Euler sampler, no
+    injected noise; explores (`explore`) with the noisy chain."""
     def __init__(self, obs_dim: int, act_dim: int, cfg: VLAPPOConfig = VLAPPOConfig(), device: str = "cpu",
                  seed: int = 0, vla=None):
         if vla is None:
@@ -242,16 +244,6 @@ class VLAPPO(Agent):
         chain, log_prob = self.sample(cache, context)
         return {"chunk": self.actor.unnormalize_actions(chain[:, -1]), "chain": chain, "log_prob": log_prob,
                 "value": self.value(rows["state"], rows["text"])}
-
-    @torch.no_grad()
-    def act_chunk(self, obs, deterministic: bool = False, generator: torch.Generator | None = None) -> np.ndarray:
-        """[B, chunk, A]: the fine-tuned VLA's K-step Euler sampler (what deploys), no injected noise."""
-        if not isinstance(obs, dict):
-            obs = {STATE_KEY: np.asarray(obs, np.float32)[:, -1]}
-        return self.actor.act(obs, deterministic=deterministic, generator=generator)
-
-    def act(self, obs, deterministic: bool = False) -> np.ndarray:
-        return self.actor.act(obs, deterministic)[..., 0, :]
 
     # -- PPO --------------------------------------------------------------------------------------------
     def _conditions(self, rows: dict):
