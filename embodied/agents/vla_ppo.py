@@ -411,15 +411,19 @@ class VLAPPORunner(VLAFinetuneRunner):
                 bar.update(int(executed.sum()))
                 if self.online_step >= cfg.online_steps:
                     break
-            arrays = {k: np.stack(v) for k, v in roll.items() if k != "rows"}   # [T, E, ...]
-            adv, ret = gae(arrays["rewards"], arrays["values"], arrays["next_values"], arrays["terminals"],
-                           arrays["dones"], pcfg.gamma, pcfg.gae_lambda)
-            flat = lambda x: x.reshape(-1, *x.shape[2:])   # [T * E, ...], row t * E + e, as _stack_rows
-            metrics = agent.update({"rows": _stack_rows(roll["rows"]), "chain": flat(arrays["chain"]),
-                                    "log_prob": flat(arrays["log_prob"]), "advantages": adv.reshape(-1),
-                                    "returns": ret.reshape(-1)}, bc_sampler)
-            metrics.update(agent.divergence(roll["rows"][0]))
-            iteration += 1
+            if len(roll["rows"]) == pcfg.rollout_steps:
+                arrays = {k: np.stack(v) for k, v in roll.items() if k != "rows"}   # [T, E, ...]
+                adv, ret = gae(arrays["rewards"], arrays["values"], arrays["next_values"], arrays["terminals"],
+                               arrays["dones"], pcfg.gamma, pcfg.gae_lambda)
+                flat = lambda x: x.reshape(-1, *x.shape[2:])   # [T * E, ...], row t * E + e, as _stack_rows
+                metrics = agent.update({"rows": _stack_rows(roll["rows"]), "chain": flat(arrays["chain"]),
+                                        "log_prob": flat(arrays["log_prob"]), "advantages": adv.reshape(-1),
+                                        "returns": ret.reshape(-1)}, bc_sampler)
+                metrics.update(agent.divergence(roll["rows"][0]))
+                iteration += 1
+            else:   # the budget cut this rollout short: 20 gradient steps on a handful of decisions would
+                # overfit them (a first version's last update did: clip fraction 0.6), so they go unused
+                metrics = {"online/unused_decisions": float(len(roll["rows"]) * n)}
             step = min(self.online_step, cfg.online_steps)
             self.logger.log({**metrics, "online/iteration": iteration, "total_step": self.offline_step + step},
                             step=step, phase="online", kind="train")
