@@ -185,13 +185,16 @@ def test_vla_ppo_fine_tunes_one_task_from_rendered_rollouts_and_evaluates_every_
     assert finetune["success_before"] == evals[0]["eval/task2/success"]
     # the saved policy is the fine-tuned VLA (LoRA merged, K Euler steps), loadable for deployment
     lora = run(compose_train([*VLA_PPO_TINY, f"pretrained={tmp_path / 'run'}", "algo.online_agent.finetune=lora",
-                              "algo.online_agent.bc_coef=0.1", "budget.online_steps=32", "eval.every_online=32"]),
+                              "algo.online_agent.bc_coef=0.1", "budget.online_steps=48", "eval.every_online=48"]),
                tmp_path / "lora")
-    assert lora["online_steps"] == 32
+    assert lora["online_steps"] == 48
     loaded = policies.load(tmp_path / "lora" / "policy")
     assert loaded.flow_steps == 4 and not any("lora" in k for k in loaded.state_dict())
     train = [json.loads(line) for line in (tmp_path / "lora" / "metrics.jsonl").read_text().splitlines()]
     assert any(line.get("train/bc_loss", 0) > 0 for line in train)
+    # 32 steps make one PPO iteration; the budget cuts the second after 1 decision of 2 envs: not learned from
+    assert [(line["step"], "train/pg_loss" in line, line.get("online/unused_decisions")) for line in train
+            if line["phase"] == "online" and "online/iteration" in line] == [(32, True, None), (48, False, 2.0)]
     first = policies.load(tmp_path / "run" / "policy")   # the LoRA fine-tune moved the first fine-tune's weights
     assert first.state_dict().keys() == loaded.state_dict().keys()
     assert any(not torch.equal(first.state_dict()[k], v) for k, v in loaded.state_dict().items())
