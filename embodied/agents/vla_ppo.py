@@ -52,6 +52,7 @@ from embodied.agents.runner import mean_metrics
 from embodied.agents.vla_bc import VLAActing, VLAFinetuneRunner
 from embodied.constants import STATE_KEY
 from embodied.errors import ConfigError
+from policies.flow import euler_integrate
 
 FINETUNE_MODES = ("head", "lora", "full")
 HEAD_MODULES = ("action_in", "action_pos", "time_embed", "action_out")   # the flow head's own parameters
@@ -168,9 +169,6 @@ class VLAPPO(VLAActing, Agent):
     def from_agent(cls, vla_agent, cfg: VLAPPOConfig, seed: int = 0) -> "VLAPPO":
         return cls(vla_agent.obs_dim, vla_agent.act_dim, cfg, str(vla_agent.device), seed, vla=vla_agent.actor)
 
-    def trainable_parameters(self) -> int:
-        return sum(p.numel() for p in self.actor.parameters() if p.requires_grad)
-
     # -- the noisy chain ------------------------------------------------------------------------------
     def set_progress(self, fraction: float) -> None:
         """learn_decay: the noise's upper bound holds, then cosine-decays, over the planned iterations."""
@@ -198,33 +196,40 @@ class VLAPPO(VLAActing, Agent):
         return mean, self.noise(features).view_as(x)
 
     @torch.no_grad()
-    def sample(self, cache: list, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A noisy chain [B, K+1, H, A] (normalised actions; the last entry is the chunk) and its log-prob [B]."""
+    def sample(self, cache: list, context: torch.Tensor) -> tuple[torch.Tensor, list, list]:
+        """A noisy chain [B, K+1, H, A] (normalised actions; the last entry is the chunk) with each transition's
+        mean and sigma, which its log-prob (`likelihood`) and the KL to the pretrained policy read."""
         actor, cfg = self.actor, self.cfg
         x = torch.randn(context.shape[0], actor.chunk, actor.act_dim, device=context.device)
-        chain = [x]
+        chain, means, stds = [x], [], []
         for k in range(cfg.denoising_steps):
             mean, std = self.step_mean_std(actor, x, k, cache, context)
             x = mean + std * torch.randn_like(mean).clamp(-cfg.randn_clip, cfg.randn_clip)
             if k == cfg.denoising_steps - 1:
                 x = x.clamp(-1.0, 1.0)
             chain.append(x)
-        chain = torch.stack(chain, 1)
-        return chain, self.log_prob(cache, context, chain)[0]
+            means.append(mean)
+            stds.append(std)
+        return torch.stack(chain, 1), means, stds
 
-    def log_prob(self, cache: list, context: torch.Tensor, chain: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """ReinFlow's normalised log-likelihood [B] of a chain (clamped) and the chain's normalised entropy [B]."""
-        cfg, k_steps = self.cfg, self.cfg.denoising_steps
-        normal = torch.distributions.Normal
+    def likelihood(self, chain: torch.Tensor, means: list, stds: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """ReinFlow's normalised log-likelihood [B] of a chain (clamped) and its normalised entropy [B], from
+        the transitions' means and sigmas."""
+        cfg, normal = self.cfg, torch.distributions.Normal
         logp = normal(0.0, 1.0).log_prob(chain[:, 0]).flatten(1).sum(1)
         entropy = torch.full_like(logp, 0.5 * math.log(2 * math.pi * math.e) * chain[0, 0].numel())
-        for k in range(k_steps):
-            mean, std = self.step_mean_std(self.actor, chain[:, k], k, cache, context)
+        for k, (mean, std) in enumerate(zip(means, stds)):
             dist = normal(mean, std)
             logp = logp + dist.log_prob(chain[:, k + 1]).flatten(1).sum(1)
             entropy = entropy + dist.entropy().flatten(1).sum(1)
-        scale = (k_steps + 1) * chain[0, 0].numel()
+        scale = (len(means) + 1) * chain[0, 0].numel()
         return (logp / scale).clamp(cfg.logprob_min, cfg.logprob_max), entropy / scale
+
+    def log_prob(self, cache: list, context: torch.Tensor, chain: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`likelihood` of a stored chain under the current networks (what PPO's ratio reads)."""
+        steps = [self.step_mean_std(self.actor, chain[:, k], k, cache, context)
+                 for k in range(self.cfg.denoising_steps)]
+        return self.likelihood(chain, [m for m, _ in steps], [s for _, s in steps])
 
     def value(self, state: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
         return self.critic(torch.cat([(state - self.actor.obs_mean) / self.actor.obs_std, text], -1))[0]
@@ -241,8 +246,9 @@ class VLAPPO(VLAActing, Agent):
         """One rollout decision for a batch of rows: the raw chunk to execute, the chain, its log-prob, V(s)."""
         prefix = self.actor.prefix(rows["state"], rows["images"], rows["tasks"])
         cache, context = self.condition(self.actor, prefix)
-        chain, log_prob = self.sample(cache, context)
-        return {"chunk": self.actor.unnormalize_actions(chain[:, -1]), "chain": chain, "log_prob": log_prob,
+        chain, means, stds = self.sample(cache, context)
+        return {"chunk": self.actor.unnormalize_actions(chain[:, -1]), "chain": chain,
+                "log_prob": self.likelihood(chain, means, stds)[0],
                 "value": self.value(rows["state"], rows["text"])}
 
     # -- PPO --------------------------------------------------------------------------------------------
@@ -317,18 +323,17 @@ class VLAPPO(VLAActing, Agent):
         """Chain KL to the pretrained policy on these rows (the fine-tuned chain's samples, the same sigma), and
         the action distance between the two deterministic chunks from the same noise (raw action units)."""
         actor, ref = self.actor, self.reference
-        prefix = actor.prefix(rows["state"], rows["images"], rows["tasks"])
-        ref_prefix = ref.prefix(rows["state"], rows["images"], rows["tasks"])
-        cache, context = self.condition(actor, prefix)
-        ref_cache, _ = self.condition(ref, ref_prefix)
-        chain, _ = self.sample(cache, context)
+        cache, context = self.condition(actor, actor.prefix(rows["state"], rows["images"], rows["tasks"]))
+        ref_cache, _ = self.condition(ref, ref.prefix(rows["state"], rows["images"], rows["tasks"]))
+        chain, means, stds = self.sample(cache, context)
         kl = torch.zeros(chain.shape[0], device=chain.device)
-        for k in range(self.cfg.denoising_steps):
-            mean, std = self.step_mean_std(actor, chain[:, k], k, cache, context)
+        for k, (mean, std) in enumerate(zip(means, stds)):
             ref_mean, _ = self.step_mean_std(ref, chain[:, k], k, ref_cache, context, with_std=False)
             kl += ((mean - ref_mean).square() / (2 * std.square())).flatten(1).sum(1)
         z = torch.randn(chain[:, 0].shape, generator=torch.Generator().manual_seed(0)).to(chain.device)
-        distance = actor.unnormalize_actions(actor.euler(prefix, z)) - ref.unnormalize_actions(ref.euler(ref_prefix, z))
+        steps = self.cfg.denoising_steps   # the VLAs' own sampler (`euler`) on the caches already encoded
+        distance = actor.unnormalize_actions(euler_integrate(lambda x, s: actor.velocity(x, s, cache), z, steps)) \
+            - ref.unnormalize_actions(euler_integrate(lambda x, s: ref.velocity(x, s, ref_cache), z, steps))
         return {"finetune/chain_kl": float(kl.mean()), "finetune/action_distance": float(distance.norm(dim=-1).mean())}
 
     def merge_adapters(self) -> None:
@@ -391,7 +396,8 @@ class VLAPPORunner(VLAFinetuneRunner):
                 executed = _per_env(info, "executed", n, h).astype(np.int64)
                 success = _per_env(info, "success", n, False).astype(bool)
                 episode_return += np.asarray(reward, np.float64)   # the env's own return, for the logs
-                reward = success.astype(np.float32) if pcfg.reward == "success" else self.rewards(reward, steps=executed)
+                reward = (success.astype(np.float32) if pcfg.reward == "success"
+                          else self.rewards(reward, steps=executed))
                 done = np.asarray(terminated) | np.asarray(truncated)
                 after = np.asarray(obs[STATE_KEY], np.float32).copy()
                 if "final_obs" in info:
