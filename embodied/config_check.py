@@ -363,7 +363,7 @@ def _check_unknown_keys(resolved: dict, flat: dict) -> None:
     known = {"": set(RULES_TOP) | {"env", "dataset", "algo", "policy", "logger", "budget", "eval", "checkpoint"}}
     for section in FIXED_SECTIONS[1:]:
         known[section] = {k.split(".", 1)[1] for k in RULES if k.startswith(section + ".")}
-    known["env"] = _group_keys("env")
+    known["env"] = _group_keys("env") | {"options"}
     known["policy"] = _group_keys("policy")
     from embodied.agents.runner import RunnerConfig
 
@@ -380,6 +380,26 @@ def _check_unknown_keys(resolved: dict, flat: dict) -> None:
 
 
 
+def _check_env_options(cfg: DictConfig) -> None:
+    """env.options go to the task's builder: build the task once with them, so a bad one fails before any data."""
+    from embodied.run_config import env_options
+    import sims
+
+    options = env_options(cfg)
+    if not options:
+        return
+    if cfg.env.get("tasks") is not None:
+        raise ConfigError(f"env.options={options} with the suite env={cfg.env.name}: its tasks come from env.tasks and "
+                          "a fine-tune's algo.online_agent.task; drop env.options")
+    try:
+        sims.make(cfg.env.name, **options).close()
+    except UserError as err:
+        raise ConfigError(f"env.options: {err}; set one of those values, or null for the default") from None
+    except TypeError:   # the builder does not take one of them
+        raise ConfigError(f"env.options {sorted(options)}: env={cfg.env.name} does not take all of them; remove it "
+                          "(OGBench manipulation and mt10 take task_id, mt10 also reward)") from None
+
+
 def _check_choices(cfg: DictConfig, resolved: dict) -> None:
     """Values whose valid set lives elsewhere: dataset qualities, files that must exist, CUDA."""
     from embodied.data import catalog
@@ -393,6 +413,7 @@ def _check_choices(cfg: DictConfig, resolved: dict) -> None:
             catalog.check_request(cfg.env.name, cfg.dataset.quality, cfg.dataset.size, cfg.dataset.seed)
         except UserError as err:  # DatasetError: already one line naming the value
             raise ConfigError(f"dataset: {err}") from None
+    _check_env_options(cfg)
     lerobot = cfg.dataset.path and (Path(cfg.dataset.path) / "meta" / "info.json").is_file()
     if needs_data and cfg.dataset.path and not (Path(cfg.dataset.path).is_file() or lerobot):
         raise ConfigError(f"dataset.path={cfg.dataset.path} does not exist or is neither a file nor a LeRobotDataset "

@@ -89,7 +89,7 @@ def runner_config(cfg: DictConfig):
     run_level = {"gamma": cfg.env.gamma, "bf16": bf16}
     switch = {k: v for k, v in OmegaConf.to_container(algo, resolve=True).items() if k in SWITCH_KNOBS}
     return RunnerConfig(
-        env=cfg.env.name, **switch,
+        env=cfg.env.name, env_options=env_options(cfg), **switch,
         offline_agent=agent_options(algo.offline_algo, "offline_agent", algo.offline_agent, policy, run_level),
         online_agent=agent_options(algo.online_algo, "online_agent", algo.online_agent, policy, run_level),
         offline_steps=cfg.budget.offline_steps if algo.offline_algo else 0, online_steps=cfg.budget.online_steps,
@@ -101,3 +101,10 @@ def runner_config(cfg: DictConfig):
         checkpoint_every=cfg.checkpoint.every, keep_checkpoints=cfg.checkpoint.keep, log_every=cfg.log_every,
         replay_capacity=cfg.replay_capacity, pretrained=cfg.pretrained, seed=cfg.seed, device=cfg.device,
     )
+
+
+def env_options(cfg: DictConfig) -> dict:
+    """`env.options`: keyword arguments for the task's builder (`sims.make(name, **options)`), e.g. mt10's
+    task_id and reward; the data, the online envs and the evaluation all get them. Null values are left out."""
+    options = OmegaConf.to_container(cfg.env.get("options") or {}, resolve=True)
+    return {key: value for key, value in options.items() if value is not None}

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from embodied.config_check import (check_config, compose_checked, expand_jobs, parse_overrides, read_saved_run,
                                    resume_config, with_agent_options)
 from embodied.errors import ConfigError, UserError, exit_on_user_error
-from embodied.run_config import runner_config
+from embodied.run_config import env_options, runner_config
 from embodied.summary import STATUS_FILE
 
 CONF_DIR = Path(__file__).parent / "conf"
@@ -57,7 +57,7 @@ def load_dataset(cfg: DictConfig):
     if cfg.dataset.minari_id:
         return load_minari(cfg.dataset.minari_id)
     return catalog.load_dataset(cfg.env.name, cfg.dataset.quality, cfg.dataset.size, seed=cfg.dataset.seed,
-                                progress=cfg.progress)
+                                options=env_options(cfg), progress=cfg.progress)
 
 
 def load_suite_demos(cfg: DictConfig, rcfg):
@@ -127,8 +127,10 @@ def run(cfg: DictConfig, run_dir: Path, on_start=None) -> dict:
 
             extra["model_dataset"] = catalog.load_dataset(cfg.env.name, rcfg.world_model["dataset"],
                                                           rcfg.world_model.get("size", 100_000),
-                                                          seed=cfg.dataset.seed, progress=cfg.progress)
-        runner = runner_cls(rcfg, dataset, run_dir, logger, progress=cfg.progress, envs=EnvSource(rcfg.env), **extra)
+                                                          seed=cfg.dataset.seed, options=env_options(cfg),
+                                                          progress=cfg.progress)
+        envs = EnvSource(rcfg.env, rcfg.env_options)
+        runner = runner_cls(rcfg, dataset, run_dir, logger, progress=cfg.progress, envs=envs, **extra)
         if checkpoint is not None:
             runner.resume_latest(checkpoint)
         elif cfg.resume:

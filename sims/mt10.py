@@ -11,6 +11,8 @@ Cameras are named like the OGBench suites' so the VLA's defaults carry over: `fr
 `corner` view (turned upright: that camera is rolled 180 degrees), `top` its `topview`, `gripper` its
 `gripperPOV`. Frames are rendered with shadows and reflections off. Each task has training instructions and held-out paraphrases (`variation=paraphrase`);
 `variation=positions` draws the start configurations from another 50 (a different benchmark seed).
+`reward="success"` replaces the shaped reward with 1.0 at the step that succeeds: with episodes ending at
+success, a return-maximiser on the shaped reward can do better hovering next to the goal than finishing.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ TASKS = ("reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-open-v3
 CAMERAS = {"front": "corner", "top": "topview", "gripper": "gripperPOV"}
 UPSIDE_DOWN = ("front",)      # Meta-World's corner camera is rolled 180 degrees: turned upright here
 VARIATIONS = ("none", "paraphrase", "positions")
+REWARDS = ("dense", "success")   # Meta-World's shaped reward, or 1.0 at the step that succeeds (0 otherwise)
 MAX_EPISODE_STEPS = 200
 BENCHMARK_SEED = 0            # the 50 start configurations per task that training and evaluation share
 POSITIONS_SEED = 1000         # variation=positions: 50 others
@@ -88,11 +91,12 @@ class MT10Task(gymnasium.Wrapper, RecordConstructorArgs):
     """One MT10 task: a flat float32 state, success ends the episode, `info["success"]` a bool."""
 
     def __init__(self, env: gymnasium.Env, task_id: int, images: tuple = (), image_size: int = 64,
-                 language: bool = False, variation: str = "none"):
+                 language: bool = False, variation: str = "none", reward: str = "dense"):
         RecordConstructorArgs.__init__(self, task_id=task_id, images=tuple(images), image_size=image_size,
-                                       language=language, variation=variation)
+                                       language=language, variation=variation, reward=reward)
         super().__init__(env)
         self._task_id = task_id
+        self._success_reward = reward == "success"
         self.words = "heldout" if variation == "paraphrase" else "train"
         self.obs_options = dict(images=tuple(images), image_size=int(image_size), language=bool(language))
         self.observation_space = spaces.Box(-np.inf, np.inf, shape=(OBS_DIM,), dtype=np.float32)
@@ -119,7 +123,8 @@ class MT10Task(gymnasium.Wrapper, RecordConstructorArgs):
         obs, reward, _, truncated, info = self.env.step(np.asarray(action, np.float32))
         success = bool(info.get("success", 0.0))
         info["success"] = success
-        return np.asarray(obs, np.float32), float(reward), success, truncated and not success, info
+        reward = float(success) if self._success_reward else float(reward)
+        return np.asarray(obs, np.float32), reward, success, truncated and not success, info
 
     def task_id(self) -> int:
         return self._task_id
@@ -162,11 +167,14 @@ SPEC = TaskSpec(name="mt10", gym_id="Meta-World/MT1", obs_dim=OBS_DIM, act_dim=A
 
 @register_task(SPEC, finish=_finish)
 def build_mt10(spec: TaskSpec, *, render_mode, render_size, task_id=1, images=(), image_size=64, language=False,
-               variation="none", max_episode_steps=None, **kwargs) -> gymnasium.Env:
+               variation="none", reward="dense", max_episode_steps=None, **kwargs) -> gymnasium.Env:
     if kwargs:
         raise UserError(f"unknown option(s) {sorted(kwargs)} for mt10: use task_id, images, image_size, language, "
-                        "variation, max_episode_steps")
+                        "variation, reward, max_episode_steps")
     task_id = _check_task_id(task_id)
+    if reward not in REWARDS:
+        raise UserError(f"reward={reward!r} for mt10: choose dense (Meta-World's shaped reward) or success (1.0 at "
+                        "the step that succeeds); episodes end at success either way")
     if variation not in VARIATIONS:
         raise UserError(f"variation={variation!r} for mt10: choose one of {', '.join(VARIATIONS)} (the camera, "
                         "lighting and distractor perturbations exist for the OGBench suites only)")
@@ -184,4 +192,5 @@ def build_mt10(spec: TaskSpec, *, render_mode, render_size, task_id=1, images=()
     env = gymnasium.make("Meta-World/MT1", env_name=task_name(task_id), seed=seed, disable_env_checker=True,
                          max_episode_steps=max_episode_steps or spec.max_episode_steps, render_mode=render_mode,
                          camera_name=CAMERAS["front"], width=size, height=size)
-    return MT10Task(env, task_id, images=tuple(images), image_size=image_size, language=language, variation=variation)
+    return MT10Task(env, task_id, images=tuple(images), image_size=image_size, language=language, variation=variation,
+                    reward=reward)

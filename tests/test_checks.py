@@ -57,6 +57,7 @@ BAD_VALUES = {
     "seed=[1": "cannot parse the override 'seed=[1'",
     "algo=wsrll": "algo=wsrll is not a valid choice",
     "seed=0,1": "seed=0,1 lists several values; add -m to sweep over them",
+    "env.options.task_id=3": "env.options ['task_id']: env=pointmaze-umaze does not take all of them; remove it",
 }
 FIXES = ("; set ", "did you mean", "; remove it", "; write key=value", "valid algo options", "; point it at",
          "; add -m")

@@ -88,6 +88,28 @@ def test_dense_locomotion_preset_with_video(tmp_path):
     assert Path(summary["video"]).stat().st_size > 1000
 
 
+@pytest.mark.slow
+def test_env_options_reach_the_data_the_online_envs_and_the_evaluation(tmp_path):
+    """env=mt10 with task 6 and the success reward: a return above 1 anywhere means an env without the options."""
+    overrides = smoke_overrides("qc_fql", env="mt10")
+    overrides = [o for o in overrides if not o.startswith("dataset=")] + [
+        "dataset=task", "dataset.size=400", "env.options.task_id=6", "env.options.reward=success", "log_every=30"]
+    run(compose_train(overrides), tmp_path)
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evals = [line for line in lines if line["kind"] == "eval"]
+    episodes = [line["online/episode_return"] for line in lines if "online/episode_return" in line]
+    assert evals and all(0.0 <= line["eval/return"] <= 1.0 for line in evals)
+    assert episodes and all(r in (0.0, 1.0) for r in episodes)
+    assert "task_id: 6" in (tmp_path / "config.yaml").read_text()
+    from embodied.agents.runner import Runner, RunnerConfig
+    from embodied.errors import ConfigError
+    from sims.source import EnvSource
+
+    with pytest.raises(ConfigError, match="same task and options"):
+        Runner(RunnerConfig(env="mt10", offline_algo=None, env_options={"task_id": 6}), None, tmp_path / "x", None,
+               envs=EnvSource("mt10"))
+
+
 def cli(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "embodied.train", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)

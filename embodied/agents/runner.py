@@ -45,6 +45,7 @@ from policies.base import STATE_KEY
 @dataclass
 class RunnerConfig:
     env: str
+    env_options: dict = field(default_factory=dict)     # sims.make keyword arguments (env.options: task_id, ...)
     offline_algo: str | None = "calql"        # None: no pretraining (scratch, rlpd)
     online_algo: str = "sac"                  # "same": keep the offline loss online (Cal-QL fine-tuning)
     offline_agent: dict = field(default_factory=dict)   # config overrides for the offline agent
@@ -130,9 +131,12 @@ class Runner:
         """`envs`: where the online envs come from (the caller's choice; sims' builders for cfg.env if None)."""
         cfg.validate()
         self.cfg, self.dataset, self.logger, self.progress = cfg, dataset, logger, progress
-        self.envs = envs if envs is not None else EnvSource(cfg.env)
+        self.envs = envs if envs is not None else EnvSource(cfg.env, cfg.env_options)
         if self.envs.name != cfg.env:
             raise ConfigError(f"the runner was given envs of {self.envs.name} for env={cfg.env}; pass the same task")
+        if dict(self.envs.options) != dict(cfg.env_options):
+            raise ConfigError(f"the runner was given envs with options {dict(self.envs.options)} for env.options="
+                              f"{dict(cfg.env_options)}; pass the same task and options")
         self.run_dir = Path(run_dir)
         self.spec = sims.spec(cfg.env)
         self.rewards = cfg.reward_transform()  # the one reward transform: data in, online transitions, MC returns
@@ -234,7 +238,8 @@ class Runner:
         result = evaluate(cfg.env, None if chunked else self._deterministic, cfg.eval_episodes, seed=seed,
                           gamma=cfg.gamma, reward_transform=self.rewards,
                           chunk_policy=self._chunk_fn(seed) if chunked else None, obs_horizon=obs_horizon,
-                          execute_horizon=execute_horizon, max_envs=CHUNK_EVAL_ENVS if chunked else None)
+                          execute_horizon=execute_horizon, max_envs=CHUNK_EVAL_ENVS if chunked else None,
+                          env_kwargs=cfg.env_options)
         metrics = result.metrics()
         critic = getattr(self.agent, "critic", None)
         if critic is not None and self.phase == "online" and not is_chunked(self.agent):
@@ -503,7 +508,8 @@ class Runner:
                 summary[key.split("/")[1] + "_final"] = values[-1]
         if cfg.video_episodes > 0:
             path = record_video(cfg.env, self._step_policy(), self.run_dir / "videos" / "final.mp4",
-                                episodes=cfg.video_episodes, seed=cfg.seed + 123, size=cfg.video_size)
+                                episodes=cfg.video_episodes, seed=cfg.seed + 123, size=cfg.video_size,
+                                env_kwargs=cfg.env_options)
             summary["video"] = str(path) if path else None
         return summary
 

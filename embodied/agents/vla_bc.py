@@ -217,6 +217,15 @@ class VLARunner(Runner):
         return summary
 
 
+def check_online_reward(reward: str) -> str:
+    """What the fine-tuning routes maximise: "success" (1.0 at the step or decision whose actions reach the
+    task's success) or "env" (the env's reward through the run's transform). MT10's shaped reward with
+    episodes ending at success pays more for hovering next to the goal than for finishing."""
+    if reward not in ("success", "env"):
+        raise ConfigError(f"algo.online_agent.reward={reward!r}: choose success or env")
+    return reward
+
+
 class VLAFinetuneRunner(VLARunner):
     """VLARunner for the online fine-tuning routes (`vla_qc`, `vla_ppo`): one task of the suite
     (`algo.online_agent.task`) is fine-tuned, every eval covers all of them, so the other tasks' success

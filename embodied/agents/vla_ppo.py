@@ -49,7 +49,7 @@ from embodied.agents.base import Agent
 from embodied.agents.dppo import RunningReturnStd, _per_env, gae, log_episode_ends
 from embodied.agents.nets import ValueEnsemble, to_torch
 from embodied.agents.runner import mean_metrics
-from embodied.agents.vla_bc import VLAActing, VLAFinetuneRunner
+from embodied.agents.vla_bc import VLAActing, VLAFinetuneRunner, check_online_reward
 from embodied.constants import STATE_KEY
 from embodied.errors import ConfigError
 from policies.flow import euler_integrate
@@ -132,8 +132,7 @@ class VLAPPO(VLAActing, Agent):
         if getattr(vla, "head", None) != "flow":
             raise ConfigError(f"algo=vla_ppo needs the flow head (its Euler chain is what PPO fine-tunes); the VLA has "
                               f"head={getattr(vla, 'head', None)!r}: pretrain with algo.offline_agent.head=flow")
-        if cfg.reward not in ("success", "env"):
-            raise ConfigError(f"algo.online_agent.reward={cfg.reward!r}: choose success or env")
+        check_online_reward(cfg.reward)
         if cfg.finetune not in FINETUNE_MODES:
             raise ConfigError(f"algo.online_agent.finetune={cfg.finetune!r}: choose one of {', '.join(FINETUNE_MODES)}")
         if cfg.denoising_steps < 1 or not 0 < cfg.min_std <= cfg.max_std:

@@ -41,7 +41,7 @@ from embodied.agents.base import Agent
 from embodied.agents.chunking import chunk_td_target
 from embodied.agents.nets import CriticEnsemble, adam, soft_update, to_torch
 from embodied.agents.runner import mean_metrics
-from embodied.agents.vla_bc import VLAFinetuneRunner
+from embodied.agents.vla_bc import VLAFinetuneRunner, check_online_reward
 from embodied.constants import STATE_KEY
 from embodied.errors import ConfigError
 from embodied.evaluation import stack_observations
@@ -63,6 +63,8 @@ class VLAQCConfig:
     gamma: float = 0.99
     tau: float = 0.005                         # QC
     finetune: str = "frozen"                   # what of the VLA learns: frozen = nothing (the critic only)
+    reward: str = "success"                    # what the critic values: "success" (1.0 at the step that succeeds,
+                                               # as route (b)) or "env" (the env's reward through the run's transform)
 
 
 class CandidateCritic(nn.Module):
@@ -89,6 +91,7 @@ class VLAQC(Agent):
         if cfg.finetune not in FINETUNE_MODES:
             raise ConfigError(f"algo.online_agent.finetune={cfg.finetune!r}: only {', '.join(FINETUNE_MODES)} "
                               "is built (the critic learns, the VLA stays as pretrained)")
+        check_online_reward(cfg.reward)
         horizon = cfg.horizon
         if not 1 <= horizon <= vla.chunk:
             raise ConfigError(f"algo.online_agent.horizon={cfg.horizon} must be in 1..{vla.chunk} (the VLA's chunk "
@@ -276,7 +279,8 @@ class VLAQCRunner(VLAFinetuneRunner):
                 obs, reward, terminated, truncated, info = env.step(chunk[i])
                 episode_step += 1
                 episode_return += float(reward)
-                rewards[i], valid[i], terminals[i:] = float(self.rewards(reward)), 1.0, float(terminated)
+                reward = float(info["success"]) if agent.cfg.reward == "success" else float(self.rewards(reward))
+                rewards[i], valid[i], terminals[i:] = reward, 1.0, float(terminated)
                 self.online_step += 1
                 bar.update(1)
                 if self.online_step > self.learning_start():

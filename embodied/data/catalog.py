@@ -75,14 +75,22 @@ def check_request(env: str, quality: str, size: int, seed: int = 0) -> None:
         raise DatasetError(f"unknown env '{env}' for a dataset: choose one of {', '.join(sims.names())}")
 
 
-def load_dataset(env: str, quality: str, size: int, seed: int = 0, *, cache_dir=None, progress: bool = True) -> Dataset:
+def load_dataset(env: str, quality: str, size: int, seed: int = 0, *, options: dict | None = None, cache_dir=None,
+                 progress: bool = True) -> Dataset:
     """The cached dataset, or a freshly generated and cached one. A cache file written by an older
-    generator version is regenerated rather than silently reused."""
+    generator version is regenerated rather than silently reused. `options` are the run's env options
+    (`env.options`): `task_id` picks the task a scripted-demo env records, mt10's `reward` relabels it."""
     check_request(env, quality, size, seed)
+    options = dict(options or {})
     generator = demo_generator(env)
     if generator is not None:
-        return generator.load_or_generate(generator.GenSpec(env, quality, int(size), int(seed)),
-                                          cache_dir=cache_dir, progress=progress)
+        task = {"task_id": options["task_id"]} if options.get("task_id") is not None else {}
+        ds = generator.load_or_generate(generator.GenSpec(env, quality, int(size), int(seed), **task),
+                                        cache_dir=cache_dir, progress=progress)
+        return mt10_gen.success_rewards(ds) if options.get("reward") == "success" and generator is mt10_gen else ds
+    if options.get("task_id") is not None:
+        raise DatasetError(f"env option task_id for env={env!r}: only the scripted-demo envs (OGBench "
+                           "manipulation, mt10) have tasks to pick; drop env.options.task_id")
     spec = sims.spec(env)
     path = dataset_path(env, quality, int(size), int(seed), cache_dir)
     if path.is_file():

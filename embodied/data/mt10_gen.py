@@ -13,7 +13,7 @@ import hashlib
 import json
 import numbers
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -121,6 +121,13 @@ def generate(spec: GenSpec, *, progress: bool = True) -> tuple[Dataset, dict]:
     extras = {"infos/instruction_id": np.asarray(cols["instr"], np.int32)}
     extras.update({f"images/{cam}": np.asarray(f, np.uint8) for cam, f in frames.items()})
     return ds, extras
+
+
+def success_rewards(ds: Dataset) -> Dataset:
+    """The same demos with `sims.make("mt10", reward="success")`'s reward: 1.0 at the step that succeeds (the
+    episode's terminal), 0 elsewhere."""
+    return replace(ds, rewards=ds.terminals.astype(np.float32),
+                   metadata={**ds.metadata, "reward": "success: 1.0 at the step that succeeds"})
 
 
 def load_or_generate(spec: GenSpec, *, cache_dir=None, progress: bool = True) -> Dataset:

@@ -91,6 +91,8 @@ def test_vla_qc_errors_name_the_field_and_the_fix():
         build(finetune="lora")
     with pytest.raises(ConfigError, match=r"horizon=3 must be in 1..2"):
         build(horizon=3)
+    with pytest.raises(ConfigError, match="reward='shaped': choose success or env"):
+        build(reward="shaped")
     with pytest.raises(ConfigError, match="does not continue a pretrained agent"):
         agents.continue_from("qc", None)
     agent = build()
@@ -116,6 +118,8 @@ def test_vla_qc_config_errors_before_any_work():
         check_config(compose_train([*VLA_QC_TINY, "algo.online_agent.task=7"]))
     with pytest.raises(ConfigError, match="set checkpoint.every=0"):
         check_config(compose_train([*VLA_QC_TINY, "checkpoint.every=10"]))
+    with pytest.raises(ConfigError, match="env.options=.* with the suite env=cube-single: .*drop env.options"):
+        check_config(compose_train([*VLA_QC_TINY, "env.options.task_id=2"]))
 
 
 @pytest.mark.slow

@@ -40,3 +40,17 @@ def test_bad_requests_fail_before_any_env_is_built(change, needle):
     fields.update(change)
     with pytest.raises(DatasetError, match=needle):
         mt10_gen.check_spec(mt10_gen.GenSpec(**fields))
+
+
+def test_env_options_pick_the_task_and_relabel_the_reward(tmp_path):
+    from embodied.data import catalog
+
+    dense = catalog.load_dataset("mt10", "task", 120, options={"task_id": 6}, cache_dir=tmp_path, progress=False)
+    sparse = catalog.load_dataset("mt10", "task", 120, options={"task_id": 6, "reward": "success"},
+                                  cache_dir=tmp_path, progress=False)
+    assert dense.metadata["task_id"] == 6 and dense.metadata["task_name"] == "drawer-close-v3"
+    assert dense.terminals.any() and len(set(dense.rewards.tolist())) > 2   # drawer-close succeeds within 120 steps
+    np.testing.assert_array_equal(sparse.observations, dense.observations)   # the same cached demos
+    np.testing.assert_array_equal(sparse.rewards, dense.terminals.astype(np.float32))
+    with pytest.raises(DatasetError, match="env option task_id"):
+        catalog.load_dataset("hopper", "medium", 10, options={"task_id": 2}, cache_dir=tmp_path, progress=False)

@@ -34,6 +34,23 @@ def test_the_scripted_policy_solves_reach_and_success_ends_the_episode():
     assert terminated and info["success"] and not truncated and step < 150
 
 
+def test_success_reward_pays_one_at_the_succeeding_step_only():
+    rewards = {}
+    for reward in ("dense", "success"):
+        env = sims.make("mt10", task_id=1, reward=reward)
+        policy = mt10.scripted_policy(1)
+        obs, _ = env.reset(seed=0)
+        rewards[reward] = []
+        terminated = truncated = False
+        while not (terminated or truncated):
+            obs, r, terminated, truncated, info = env.step(np.clip(policy.get_action(obs[STATE_KEY]), -1, 1))
+            rewards[reward].append(r)
+        env.close()
+        assert terminated and info["success"]
+    assert rewards["success"] == [0.0] * (len(rewards["success"]) - 1) + [1.0]
+    assert len(rewards["dense"]) == len(rewards["success"]) and len(set(rewards["dense"])) > 2  # same episode, shaped
+
+
 def test_resets_are_seeded_and_positions_draws_other_starts():
     def start(seed, variation="none"):
         env = sims.make("mt10", task_id=2, variation=variation)
@@ -58,6 +75,7 @@ def test_paraphrase_gives_held_out_instructions():
 @pytest.mark.parametrize("kwargs,needle", [({"task_id": 11}, "task_id=11"), ({"task_id": 0}, "choose 1..10"),
                                            ({"images": ("corner",)}, "unknown camera"),
                                            ({"variation": "lighting"}, "variation='lighting'"),
+                                           ({"reward": "shaped"}, "reward='shaped'"),
                                            ({"colour": 1}, "unknown option")])
 def test_bad_options_are_one_line_errors(kwargs, needle):
     with pytest.raises(UserError, match=needle) as err:
