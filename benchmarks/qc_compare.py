@@ -72,7 +72,8 @@ def main() -> None:
                             text=True)
     text = "\n".join([f"# Q-chunking vs FQL vs scratch on {args.env} ({'quick' if args.quick else 'full'})", "",
                       f"methods {', '.join(algos)}; {args.seeds} seeds; {args.parallel} sweeps at once; "
-                      f"wall clock {elapsed / 60:.1f} min" + (f"; FAILED: {', '.join(failed)}" if failed else ""), "",
+                      f"wall clock {elapsed / 60:.1f} min" + (f"; FAILED: {', '.join(failed)}" if failed else "")
+                      + (f"; overrides: {' '.join(args.overrides)}" if args.overrides else ""), "",
                       result.stdout.strip() or result.stderr.strip(), ""])
     (root / "REPORT.md").write_text(text)
     (root / "args.json").write_text(json.dumps(vars(args), default=str, indent=2))
