@@ -40,6 +40,38 @@ def last_online_mean(metrics: Path, key: str, records: int = 3) -> float | None:
     return round(sum(values) / len(values), 4) if values else None
 
 
+def before_episodes(algo: str, pretrained: Path, episodes: int) -> int:
+    """Episodes behind "before": vla_qc reads the pretraining's end-of-offline eval (its own eval.episodes),
+    vla_ppo its online step-0 eval (the fine-tune's)."""
+    if algo != "vla_qc":
+        return episodes
+    lines = [json.loads(line) for line in (pretrained / "metrics.jsonl").read_text().splitlines()]
+    evals = [line for line in lines if line.get("phase") == "offline" and line.get("kind") == "eval"]
+    return int(evals[-1].get("eval/episodes", episodes)) if evals else episodes
+
+
+def make_tables(jobs: list[dict], tasks: list[int], algo: str, pretrained: Path) -> dict:
+    tables = {}
+    for task in tasks:
+        runs = [j for j in jobs if j["task"] == task]
+        if not runs:
+            continue
+        episodes = runs[0]["episodes"]
+        first = before_episodes(algo, pretrained, episodes)
+        others = sorted(runs[0]["other_tasks_before"])
+        mean = lambda rows: [sum(r[t] for t in others) / len(others) for r in rows]
+        tables[task] = {
+            "seeds": len(runs), "episodes_per_seed": episodes, "episodes_before": first,
+            # one shared pretraining, evaluated once: its episodes count once, not once per seed
+            "before": pooled([runs[0]["success_before"]], first),
+            "after": pooled([r["success_after"] for r in runs], episodes),
+            "other_tasks_before": pooled(mean([runs[0]["other_tasks_before"]]), first * len(others)),
+            "other_tasks_after": pooled(mean([r["other_tasks_after"] for r in runs]), episodes * len(others)),
+            **{key.split("/")[1]: [r[key.split("/")[1]] for r in runs] for key in DIAGNOSTICS[algo]},
+        }
+    return tables
+
+
 def pooled(rates: list[float], episodes: int) -> dict:
     wins = round(sum(rates) * episodes)
     n = episodes * len(rates)
@@ -48,7 +80,9 @@ def pooled(rates: list[float], episodes: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pretrained", type=Path, required=True, help="a vla_bc/vla_qc run with the flow head")
+    parser.add_argument("--pretrained", type=Path, help="a vla_bc/vla_qc run with the flow head")
+    parser.add_argument("--recompute", type=Path, default=None,
+                        help="rebuild the tables of this summary JSON from its jobs (no fine-tuning) and rewrite it")
     parser.add_argument("--algo", choices=sorted(DIAGNOSTICS), default="vla_qc", help="the fine-tuning route")
     parser.add_argument("--env", default="cube-single-suite")
     parser.add_argument("--dataset-size", type=int, default=2000, help="the pretraining's dataset.size")
@@ -61,6 +95,15 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="summary JSON (default benchmarks/results/...)")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every job")
     args = parser.parse_args()
+    if args.recompute:
+        result = json.loads(args.recompute.read_text())
+        tasks = sorted({job["task"] for job in result["jobs"]})
+        result["tables"] = make_tables(result["jobs"], tasks, result["algo"], Path(result["pretrained"]))
+        args.recompute.write_text(json.dumps(result, indent=2))
+        report(result["tables"], args.recompute)
+        return
+    if args.pretrained is None:
+        parser.error("--pretrained is required (a vla_bc run with the flow head)")
     stamp = f"{datetime.now():%Y%m%d-%H%M%S}"
     root = args.out or REPO / "benchmarks" / "results" / "raw" / f"vla_finetune_{stamp}"
     root.mkdir(parents=True, exist_ok=True)
@@ -93,28 +136,16 @@ def main() -> None:
     with ThreadPoolExecutor(args.jobs) as pool:   # each job is its own process
         results = pool.map(lambda ts: run_job(*ts), [(t, s) for t in args.tasks for s in range(args.seeds)])
         jobs = [job for job in results if job is not None]
-    tables = {}
-    for task in args.tasks:
-        runs = [j for j in jobs if j["task"] == task]
-        if not runs:
-            continue
-        episodes = runs[0]["episodes"]
-        others = sorted(runs[0]["other_tasks_before"])
-        mean = lambda rows: [sum(r[t] for t in others) / len(others) for r in rows]
-        tables[task] = {
-            "seeds": len(runs), "episodes_per_seed": episodes,
-            # one shared pretraining, evaluated once: its episodes count once, not once per seed
-            "before": pooled([runs[0]["success_before"]], episodes),
-            "after": pooled([r["success_after"] for r in runs], episodes),
-            "other_tasks_before": pooled(mean([runs[0]["other_tasks_before"]]), episodes * len(others)),
-            "other_tasks_after": pooled(mean([r["other_tasks_after"] for r in runs]), episodes * len(others)),
-            **{key.split("/")[1]: [r[key.split("/")[1]] for r in runs] for key in DIAGNOSTICS[args.algo]},
-        }
+    tables = make_tables(jobs, args.tasks, args.algo, args.pretrained)
     result = {"benchmark": "vla_finetune", "algo": args.algo, "pretrained": str(args.pretrained), "env": args.env,
               "online_steps": args.online_steps, "overrides": args.overrides, "machine": machine,
               "load_after": uptime(), "jobs": jobs, "tables": tables}
     out = args.json or REPO / "benchmarks" / "results" / f"vla_finetune-{stamp}.json"
     out.write_text(json.dumps(result, indent=2))
+    report(tables, out)
+
+
+def report(tables: dict, out: Path) -> None:
     for task, table in tables.items():
         print(f"task {task}: {table['before']['success']:.2f} {table['before']['ci95']} -> "
               f"{table['after']['success']:.2f} {table['after']['ci95']}; other tasks "
