@@ -153,6 +153,10 @@ def test_vla_qc_fine_tunes_one_task_and_evaluates_every_task(tmp_path, monkeypat
     assert [(j["task"], j["seed"]) for j in result["jobs"]] == [(1, 0)]
     table = result["tables"]["1"]
     assert table["seeds"] == 1 and 0.0 <= table["after"]["success"] <= 1.0 and len(table["after"]["ci95"]) == 2
+    assert table["episodes_before"] == 1   # the pretraining's own eval.episodes, read from its metrics
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "vla_finetune.py"), "--recompute", str(out)],
+                   check=True, cwd=REPO, timeout=120)
+    assert json.loads(out.read_text())["tables"] == result["tables"]   # rebuilt from the jobs alone
     lines = (tmp_path / "sweep" / "task1_s0" / "metrics.jsonl").read_text().splitlines()
     assert not any(json.loads(line)["phase"] == "offline" and json.loads(line)["kind"] == "train" for line in lines)
     # a pretraining-only run (budget.online_steps=0, the README's first command) ends with one eval
