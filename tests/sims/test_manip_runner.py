@@ -21,7 +21,8 @@ def test_wsrl_runs_on_cube_single(tmp_path, monkeypatch):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
     for name in OmegaConf.to_container(cfg.env):
-        assert name in ("name", "gamma", "reward_scale", "reward_bias", "sparse_failure_reward", "pretrain_algo", "recipe")
+        assert name in ("name", "gamma", "reward_scale", "reward_bias", "sparse_failure_reward", "pretrain_algo", "recipe",
+                        "options")
     summary = run(cfg, tmp_path / "run")
     assert summary["offline_algo"] == "calql" and summary["env"] == "cube-single"
     assert 0.0 <= summary["online_success"] <= 1.0 and summary["offline_success"] is not None
