@@ -52,12 +52,12 @@ def before_episodes(algo: str, pretrained: Path, episodes: int) -> int:
 
 def make_tables(jobs: list[dict], tasks: list[int], algo: str, pretrained: Path) -> dict:
     tables = {}
+    first = before_episodes(algo, pretrained, jobs[0]["episodes"]) if jobs else 0   # one pretraining for all
     for task in tasks:
         runs = [j for j in jobs if j["task"] == task]
         if not runs:
             continue
         episodes = runs[0]["episodes"]
-        first = before_episodes(algo, pretrained, episodes)
         others = sorted(runs[0]["other_tasks_before"])
         mean = lambda rows: [sum(r[t] for t in others) / len(others) for r in rows]
         tables[task] = {

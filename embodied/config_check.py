@@ -391,6 +391,9 @@ def _check_env_options(cfg: DictConfig) -> None:
     if cfg.env.get("tasks") is not None:
         raise ConfigError(f"env.options={options} with the suite env={cfg.env.name}: its tasks come from env.tasks and "
                           "a fine-tune's algo.online_agent.task; drop env.options")
+    if options.get("reward") not in (None, "dense") and (cfg.dataset.path or cfg.dataset.minari_id):
+        raise ConfigError(f"env.options.reward={options['reward']} relabels the generated demos, not dataset.path or "
+                          "dataset.minari_id files; remove it, or drop the file to train on the generated demos")
     try:
         sims.make(cfg.env.name, **options).close()
     except UserError as err:

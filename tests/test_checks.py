@@ -250,3 +250,11 @@ def test_an_agent_option_the_preset_does_not_list_takes_effect():
     with pytest.raises(ConfigError, match=r"not an option of the iql agent; did you mean "
                                           r"algo\.offline_agent\.expectile=0\.9\?"):
         prepare_cli(["algo=iql", "algo.offline_agent.expectil=0.9"])
+
+
+def test_a_reward_option_that_the_data_would_not_get_is_an_error():
+    from embodied.config_check import check_config
+
+    with pytest.raises(ConfigError, match="env.options.reward=success relabels the generated demos"):
+        check_config(compose_train(["env=mt10", "env.options.reward=success", "dataset.path=/tmp/mt10.hdf5"]))
+    check_config(compose_train(["env=mt10", "env.options.reward=success", "dataset=task"]))   # generated: relabelled

@@ -279,8 +279,8 @@ class VLAQCRunner(VLAFinetuneRunner):
                 obs, reward, terminated, truncated, info = env.step(chunk[i])
                 episode_step += 1
                 episode_return += float(reward)
-                reward = float(info["success"]) if agent.cfg.reward == "success" else float(self.rewards(reward))
-                rewards[i], valid[i], terminals[i:] = reward, 1.0, float(terminated)
+                rewards[i] = float(info["success"]) if agent.cfg.reward == "success" else float(self.rewards(reward))
+                valid[i], terminals[i:] = 1.0, float(terminated)
                 self.online_step += 1
                 bar.update(1)
                 if self.online_step > self.learning_start():
