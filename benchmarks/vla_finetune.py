@@ -6,12 +6,16 @@ for vla_ppo the chain KL and the action distance to the pretrained policy. "Befo
 pretraining for vla_qc and the online step-0 eval for vla_ppo (the pretrained VLA at its fine-tuned step count).
 Success CIs are Wilson intervals over the pooled episodes of all seeds after fine-tuning; the pretraining
 is shared and evaluated once (fixed start states and noise), so "before" counts its episodes once. The
-seeds vary the critic's init, the exploration noise and the online episodes.
+seeds vary the critic's init, the exploration noise and the online episodes. `--before EVAL_JSON` takes
+"before" from a larger `benchmarks/vla_eval_sets.py` eval of the same policy (its first start states are the
+pretraining eval's and the fine-tunes'), so that side of the comparison is not the narrow one.
 
     python benchmarks/vla_finetune.py --pretrained RUN --tasks 2 4 --seeds 3 --online-steps 3000 \
         -- eval.episodes=10 budget.batch_size=256
     python benchmarks/vla_finetune.py --algo vla_ppo --pretrained RUN --env mt10-suite --tasks 1 8 --seeds 3 \
         --online-steps 8000 -- eval.episodes=20 algo.online_agent.bc_coef=0.1
+    python benchmarks/vla_eval_sets.py --policy RUN/policy --env mt10 --episodes 100 --sets none --out BEFORE.json
+    python benchmarks/vla_finetune.py --recompute SUMMARY.json --before BEFORE.json
 """
 from __future__ import annotations
 
@@ -50,7 +54,23 @@ def before_episodes(algo: str, pretrained: Path, episodes: int) -> int:
     return int(evals[-1].get("eval/episodes", episodes)) if evals else episodes
 
 
-def make_tables(jobs: list[dict], tasks: list[int], algo: str, pretrained: Path) -> dict:
+def read_before_eval(path: Path, pretrained: Path, env: str) -> dict:
+    """A `benchmarks/vla_eval_sets.py` JSON of the pretrained policy (set `none`, the runner's start states):
+    "before" with more episodes than the pretraining's own eval, for every task it covers."""
+    data = json.loads(Path(path).read_text())
+    if Path(data["policy"]).resolve() != (Path(pretrained) / "policy").resolve():
+        raise SystemExit(f"--before {path}: evaluates {data['policy']}, not {Path(pretrained) / 'policy'}; "
+                         f"run benchmarks/vla_eval_sets.py --policy {Path(pretrained) / 'policy'} --sets none")
+    if data["env"] != env.removesuffix("-suite") or "none" not in data["sets"]:
+        raise SystemExit(f"--before {path}: needs set 'none' on env {env.removesuffix('-suite')} "
+                         f"(has env {data['env']}, sets {sorted(data['sets'])})")
+    return {"episodes": int(data["episodes"]),
+            "task_success": {int(t): v for t, v in data["sets"]["none"]["task_success"].items()}}
+
+
+def make_tables(jobs: list[dict], tasks: list[int], algo: str, pretrained: Path, before_eval: dict | None = None) -> dict:
+    """Per fine-tuned task: before, after and the other tasks, pooled over seeds. `before_eval`
+    (`read_before_eval`) replaces the runs' own "before" with a larger eval of the same pretrained policy."""
     tables = {}
     first = before_episodes(algo, pretrained, jobs[0]["episodes"]) if jobs else 0   # one pretraining for all
     for task in tasks:
@@ -60,12 +80,20 @@ def make_tables(jobs: list[dict], tasks: list[int], algo: str, pretrained: Path)
         episodes = runs[0]["episodes"]
         others = sorted(runs[0]["other_tasks_before"])
         mean = lambda rows: [sum(r[t] for t in others) / len(others) for r in rows]
+        success_before, others_before, n_before = runs[0]["success_before"], runs[0]["other_tasks_before"], first
+        if before_eval is not None:
+            missing = [t for t in [task, *others] if int(t) not in before_eval["task_success"]]
+            if missing:
+                raise SystemExit(f"--before eval has no tasks {missing}: evaluate every task of the suite")
+            success_before = before_eval["task_success"][task]
+            others_before = {t: before_eval["task_success"][int(t)] for t in others}
+            n_before = before_eval["episodes"]
         tables[task] = {
-            "seeds": len(runs), "episodes_per_seed": episodes, "episodes_before": first,
+            "seeds": len(runs), "episodes_per_seed": episodes, "episodes_before": n_before,
             # one shared pretraining, evaluated once: its episodes count once, not once per seed
-            "before": pooled([runs[0]["success_before"]], first),
+            "before": pooled([success_before], n_before),
             "after": pooled([r["success_after"] for r in runs], episodes),
-            "other_tasks_before": pooled(mean([runs[0]["other_tasks_before"]]), first * len(others)),
+            "other_tasks_before": pooled(mean([others_before]), n_before * len(others)),
             "other_tasks_after": pooled(mean([r["other_tasks_after"] for r in runs]), episodes * len(others)),
             **{key.split("/")[1]: [r[key.split("/")[1]] for r in runs] for key in DIAGNOSTICS[algo]},
         }
@@ -93,17 +121,25 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="fine-tunes at a time (jobs x threads <= cores)")
     parser.add_argument("--out", type=Path, default=None, help="run root (default benchmarks/results/raw/..., ignored)")
     parser.add_argument("--json", type=Path, default=None, help="summary JSON (default benchmarks/results/...)")
+    parser.add_argument("--before", type=Path, default=None,
+                        help="a benchmarks/vla_eval_sets.py JSON of the pretrained policy (--sets none, every task, "
+                             "more episodes): the tables' 'before' (with --recompute too)")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every job")
     args = parser.parse_args()
     if args.recompute:
         result = json.loads(args.recompute.read_text())
         tasks = sorted({job["task"] for job in result["jobs"]})
-        result["tables"] = make_tables(result["jobs"], tasks, result["algo"], Path(result["pretrained"]))
+        if args.before:
+            result["before_eval"] = str(args.before)
+        before = result.get("before_eval")
+        before = read_before_eval(Path(before), Path(result["pretrained"]), result["env"]) if before else None
+        result["tables"] = make_tables(result["jobs"], tasks, result["algo"], Path(result["pretrained"]), before)
         args.recompute.write_text(json.dumps(result, indent=2))
         report(result["tables"], args.recompute)
         return
     if args.pretrained is None:
         parser.error("--pretrained is required (a vla_bc run with the flow head)")
+    before = read_before_eval(args.before, args.pretrained, args.env) if args.before else None
     stamp = f"{datetime.now():%Y%m%d-%H%M%S}"
     root = args.out or REPO / "benchmarks" / "results" / "raw" / f"vla_finetune_{stamp}"
     root.mkdir(parents=True, exist_ok=True)
@@ -136,8 +172,9 @@ def main() -> None:
     with ThreadPoolExecutor(args.jobs) as pool:   # each job is its own process
         results = pool.map(lambda ts: run_job(*ts), [(t, s) for t in args.tasks for s in range(args.seeds)])
         jobs = [job for job in results if job is not None]
-    tables = make_tables(jobs, args.tasks, args.algo, args.pretrained)
+    tables = make_tables(jobs, args.tasks, args.algo, args.pretrained, before)
     result = {"benchmark": "vla_finetune", "algo": args.algo, "pretrained": str(args.pretrained), "env": args.env,
+              "before_eval": str(args.before) if args.before else None,
               "online_steps": args.online_steps, "overrides": args.overrides, "machine": machine,
               "load_after": uptime(), "jobs": jobs, "tables": tables}
     out = args.json or REPO / "benchmarks" / "results" / f"vla_finetune-{stamp}.json"

@@ -217,6 +217,35 @@ class VLARunner(Runner):
         return summary
 
 
+HEAD_MODULES = ("action_in", "action_pos", "time_embed", "action_out")   # the flow head's own parameters
+LORA_TARGETS = ["qkv", "proj", "mlp.0", "mlp.2"]                       # every linear layer of a fusion block
+
+
+def prepare_finetune(vla, mode: str, lora_rank: int = 8, lora_alpha: int = 8) -> list:
+    """What of a flow-head VLA learns online, for both fine-tuning routes; returns the trainable parameters.
+    frozen: nothing; head: the action expert's own layers (`HEAD_MODULES`), vision and fusion frozen;
+    lora: those plus `peft` LoRA adapters (r, alpha) on every linear layer of the fusion transformer;
+    full: everything."""
+    vla.requires_grad_(mode == "full")
+    if mode in ("head", "lora"):
+        for name in HEAD_MODULES:
+            getattr(vla, name).requires_grad_(True)
+    if mode == "lora":
+        import peft
+
+        config = peft.LoraConfig(r=lora_rank, lora_alpha=lora_alpha, target_modules=LORA_TARGETS, lora_dropout=0.0)
+        vla.backbone = peft.LoraModel(vla.backbone, config, "default")   # freezes the base weights
+    return [p for p in vla.parameters() if p.requires_grad]
+
+
+def merge_adapters(vla) -> None:
+    """Fold LoRA into the fusion transformer's weights: the fine-tuned VLA saves and loads as a plain one."""
+    import peft
+
+    if isinstance(vla.backbone, peft.LoraModel):
+        vla.backbone = vla.backbone.merge_and_unload()
+
+
 def check_online_reward(reward: str) -> str:
     """What the fine-tuning routes maximise: "success" (1.0 at the step or decision whose actions reach the
     task's success) or "env" (the env's reward through the run's transform). MT10's shaped reward with

@@ -49,14 +49,13 @@ from embodied.agents.base import Agent
 from embodied.agents.dppo import RunningReturnStd, _per_env, gae, log_episode_ends
 from embodied.agents.nets import ValueEnsemble, to_torch
 from embodied.agents.runner import mean_metrics
-from embodied.agents.vla_bc import VLAActing, VLAFinetuneRunner, check_online_reward
+from embodied.agents.vla_bc import (VLAActing, VLAFinetuneRunner, check_online_reward, merge_adapters,
+                                     prepare_finetune)
 from embodied.constants import STATE_KEY
 from embodied.errors import ConfigError
 from policies.flow import euler_integrate
 
 FINETUNE_MODES = ("head", "lora", "full")
-HEAD_MODULES = ("action_in", "action_pos", "time_embed", "action_out")   # the flow head's own parameters
-LORA_TARGETS = ["qkv", "proj", "mlp.0", "mlp.2"]                       # every linear layer of a fusion block
 
 
 @dataclass
@@ -147,19 +146,11 @@ class VLAPPO(VLAActing, Agent):
         self.actor = vla.eval()
         self.chunk_horizon = self.execute_horizon = vla.chunk
         self.obs_horizon = 1
-        self.actor.requires_grad_(cfg.finetune == "full")
-        for name in HEAD_MODULES:
-            getattr(self.actor, name).requires_grad_(True)
-        if cfg.finetune == "lora":
-            import peft
-
-            lora = peft.LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=LORA_TARGETS,
-                                   lora_dropout=0.0)
-            self.actor.backbone = peft.LoraModel(self.actor.backbone, lora, "default")   # freezes the base weights
+        trainable = prepare_finetune(self.actor, cfg.finetune, cfg.lora_rank, cfg.lora_alpha)
         d, chunk_size = vla.dim, vla.chunk * act_dim
         self.noise = NoiseNet(2 * d, chunk_size, cfg.noise_hidden, cfg.min_std, cfg.max_std).to(self.device)
         self.critic = ValueEnsemble(obs_dim + vla.text_dim, cfg.critic_hidden, 1).to(self.device)
-        trainable = [p for p in self.actor.parameters() if p.requires_grad] + list(self.noise.parameters())
+        trainable = trainable + list(self.noise.parameters())
         self.actor_optimizer = torch.optim.AdamW(trainable, lr=cfg.actor_lr, weight_decay=0.0)
         self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr,
                                                   weight_decay=cfg.critic_weight_decay)
@@ -336,11 +327,7 @@ class VLAPPO(VLAActing, Agent):
         return {"finetune/chain_kl": float(kl.mean()), "finetune/action_distance": float(distance.norm(dim=-1).mean())}
 
     def merge_adapters(self) -> None:
-        """Fold LoRA into the fusion transformer's weights: the fine-tuned VLA saves and loads as a plain one."""
-        import peft
-
-        if isinstance(self.actor.backbone, peft.LoraModel):
-            self.actor.backbone = self.actor.backbone.merge_and_unload()
+        merge_adapters(self.actor)
 
     def _modules(self) -> dict:
         return {"actor": self.actor, "noise": self.noise, "critic": self.critic, "reference": self.reference}

@@ -3,7 +3,7 @@ VLA's own samples (route (a) of the VLA fine-tuning issue).
 
     python -m embodied.train algo=vla_qc env=cube-single-suite dataset=task algo.online_agent.task=2
 
-The pretrained VLA (`policies/vla.py`, trained by `vla_bc.py`) stays frozen. A critic over chunks,
+The pretrained VLA (`policies/vla.py`, trained by `vla_bc.py`) stays frozen by default. A critic over chunks,
 Q(s, instruction, a_{t:t+h}), learns online with Q-chunking's unbiased h-step backup
 
     target = sum_{i<h} gamma^i r_{t+i} + gamma^{sum valid} (1 - terminal) Q'(s_{t+h}, l, a*),
@@ -18,12 +18,21 @@ the argmax-Q candidate (QC's best-of-N extraction) and executes it open-loop. Th
 (an asymmetric critic: the simulator's state is at hand during fine-tuning; the policy still acts from
 the camera), so fine-tuning costs no image encoder passes beyond the VLA's sampling.
 
+The VLA itself learns with `finetune=head|lora|full` (what of it trains: `vla_bc.prepare_finetune`, as
+route (b)): QC's behaviour-policy update, flow-matching BC on batches drawn uniformly over the union of
+the pretraining demos (every task) and the online chunks it executed, one BC step per `bc_every` env steps.
+The chunks best-of-N picked are what it distils, so the VLA's own samples move towards them. Online rows then
+keep their frame and instruction for it. `finetune/vla_distance` logs the fine-tuned VLA's chunk against the
+pretrained one's from the same noise on online states.
+
 What departs from QC (named, listed in benchmarks/RESULTS.md):
-- `finetune=frozen`: the VLA does not learn (QC keeps training its flow policy with BC); only the
-  critic does. The policy can only move within the VLA's own samples, which bounds forgetting.
+- `finetune=frozen` (the default, for CPU budgets): the VLA does not learn (QC keeps training its flow policy
+  with BC); only the critic does. The policy can only move within the VLA's own samples, which bounds
+  forgetting. With the other modes, `bc_every` (QC: 1) and `bc_batch_size` (QC: the critic's batch) are counts.
 - Transitions are stored at chunk boundaries only: the N candidates drawn there to act are the next
   state's target candidates, so targets need no image replay and no extra VLA call (QC samples chunk
-  starts at every step and draws fresh target samples). Updates per env step are the runner's `utd`.
+  starts at every step and draws fresh target samples; when the VLA learns, the stored candidates are the
+  VLA's samples as it was when they were drawn). Updates per env step are the runner's `utd`.
 """
 from __future__ import annotations
 
@@ -41,12 +50,12 @@ from embodied.agents.base import Agent
 from embodied.agents.chunking import chunk_td_target
 from embodied.agents.nets import CriticEnsemble, adam, soft_update, to_torch
 from embodied.agents.runner import mean_metrics
-from embodied.agents.vla_bc import VLAFinetuneRunner, check_online_reward
-from embodied.constants import STATE_KEY
+from embodied.agents.vla_bc import VLAFinetuneRunner, check_online_reward, merge_adapters, prepare_finetune
+from embodied.constants import STATE_KEY, TASK_KEY, image_key
 from embodied.errors import ConfigError
 from embodied.evaluation import stack_observations
 
-FINETUNE_MODES = ("frozen",)
+FINETUNE_MODES = ("frozen", "head", "lora", "full")
 
 
 @dataclass
@@ -62,7 +71,12 @@ class VLAQCConfig:
     lr: float = 3e-4                           # QC
     gamma: float = 0.99
     tau: float = 0.005                         # QC
-    finetune: str = "frozen"                   # what of the VLA learns: frozen = nothing (the critic only)
+    finetune: str = "frozen"                   # what of the VLA learns: frozen = nothing (the critic only), or
+                                               # head | lora | full by BC on demos + online chunks (QC's actor)
+    lora_rank: int = 8                         # finetune=lora: peft's default r
+    lora_alpha: int = 8                        # peft's default
+    bc_every: int = 1                          # env steps per VLA BC step (QC: an actor step per critic step)
+    bc_batch_size: int = 0                     # 0: the critic's batch (QC: one batch for both)
     reward: str = "success"                    # what the critic values: "success" (1.0 at the step that succeeds,
                                                # as route (b)) or "env" (the env's reward through the run's transform)
 
@@ -89,8 +103,16 @@ class VLAQC(Agent):
             raise ConfigError("algo=vla_qc fine-tunes a pretrained VLA: it continues offline_algo=vla_bc "
                               "(set algo=vla_qc, or pretrained=<a vla_bc run>)")
         if cfg.finetune not in FINETUNE_MODES:
-            raise ConfigError(f"algo.online_agent.finetune={cfg.finetune!r}: only {', '.join(FINETUNE_MODES)} "
-                              "is built (the critic learns, the VLA stays as pretrained)")
+            raise ConfigError(f"algo.online_agent.finetune={cfg.finetune!r}: choose one of {', '.join(FINETUNE_MODES)}")
+        self.learns = cfg.finetune != "frozen"
+        if self.learns and (getattr(vla, "head", None) != "flow" or vla.flow_sampler != "euler"):
+            raise ConfigError(f"algo.online_agent.finetune={cfg.finetune} trains the flow head by BC, and this VLA acts "
+                              f"with head={getattr(vla, 'head', None)!r}: pretrain with algo.offline_agent.head=flow "
+                              "(Euler sampler), or keep finetune=frozen")
+        if self.learns and (cfg.horizon != vla.chunk or cfg.bc_every < 1 or cfg.bc_batch_size < 0):
+            raise ConfigError(f"algo.online_agent.finetune={cfg.finetune} distils whole executed chunks: set "
+                              f"algo.online_agent.horizon={vla.chunk} (the VLA's chunk; got {cfg.horizon}), "
+                              f"bc_every >= 1 and bc_batch_size >= 0")
         check_online_reward(cfg.reward)
         horizon = cfg.horizon
         if not 1 <= horizon <= vla.chunk:
@@ -100,7 +122,10 @@ class VLAQC(Agent):
             raise ConfigError("algo.online_agent.num_samples must be >= 1 and q_agg one of mean, min")
         super().__init__(obs_dim, act_dim, cfg, device, seed)
         torch.manual_seed(seed)  # critic init
-        self.actor = vla.requires_grad_(False).eval()   # frozen: what deploys is still the pretrained VLA
+        self.reference = copy.deepcopy(vla).requires_grad_(False).eval() if self.learns else None
+        trainable = prepare_finetune(vla, cfg.finetune, cfg.lora_rank, cfg.lora_alpha) if self.learns else []
+        self.actor = vla.requires_grad_(False).eval() if not self.learns else vla.eval()   # what deploys
+        self.actor_optimizer = adam(trainable, cfg.lr) if trainable else None   # QC: one lr for actor and critic
         self.horizon = horizon
         self.chunk_horizon = self.execute_horizon = horizon
         self.obs_horizon = 1
@@ -189,43 +214,90 @@ class VLAQC(Agent):
         return {"critic_loss": float(loss.detach()), "q_mean": float(q.detach().mean()),
                 "target_q_mean": float(target.mean())}
 
+    def bc_update(self, batch: dict) -> dict[str, float]:
+        """One flow-matching BC step of the VLA (QC's behaviour-policy update) on the policy's inputs (state,
+        frames, instruction) with raw action chunks [B, chunk, A] and `valid` [B, chunk]."""
+        self.actor.train()   # the pretraining's image augmentation
+        loss = self.actor.loss(batch, batch["actions"], batch["valid"])
+        self.actor_optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.actor_optimizer.step()
+        self.actor.eval()
+        return {"bc_loss": float(loss.detach())}
+
+    @torch.no_grad()
+    def vla_distance(self, obs: dict) -> float:
+        """Mean per-step distance (raw action units) between the fine-tuned and the pretrained VLA's chunks
+        from the same noise, on a batch of observation rows: how far the VLA itself has moved."""
+        vla, ref = self.actor, self.reference
+        state, images, tasks, _ = vla._inputs(obs)
+        z = torch.randn((state.shape[0], vla.chunk, vla.act_dim), generator=torch.Generator().manual_seed(0))
+        z = z.to(self.device)
+        now = vla.unnormalize_actions(vla.euler(vla.prefix(state, images, tasks), z))
+        before = ref.unnormalize_actions(ref.euler(ref.prefix(state, images, tasks), z))
+        return float((now - before).norm(dim=-1).mean())
+
     def _modules(self) -> dict:
-        return {"critic": self.critic, "target_critic": self.target_critic}
+        modules = {"critic": self.critic, "target_critic": self.target_critic}
+        return {**modules, "actor": self.actor, "reference": self.reference} if self.learns else modules
 
     def _optimizers(self) -> dict:
-        return {"critic_optimizer": self.critic_optimizer}
+        optimizers = {"critic_optimizer": self.critic_optimizer}
+        return {**optimizers, "actor_optimizer": self.actor_optimizer} if self.learns else optimizers
 
 
 class ChunkReplay:
-    """Chunk-boundary transitions for `VLAQC.update`: everything the h-step backup reads, no frames."""
+    """Chunk-boundary transitions for `VLAQC.update`: everything the h-step backup reads. With `frames`
+    ({image key: frame shape}, {} for a VLA without cameras) each row also keeps its chunk start's frames and
+    instruction, so that `sample_inputs` can give the VLA's BC rows (finetune != frozen); with None (the
+    default) no frames are stored."""
 
     KEYS = ("observations", "text", "actions", "rewards", "valid", "terminals", "next_observations", "next_text",
             "next_candidates")
 
     def __init__(self, capacity: int, obs_dim: int, text_dim: int, horizon: int, act_dim: int, num_samples: int,
-                 seed: int = 0):
+                 seed: int = 0, frames: dict[str, tuple] | None = None):
         shapes = {"observations": (obs_dim,), "text": (text_dim,), "actions": (horizon, act_dim),
                   "rewards": (horizon,), "valid": (horizon,), "terminals": (horizon,),
                   "next_observations": (obs_dim,), "next_text": (text_dim,),
                   "next_candidates": (num_samples, horizon, act_dim)}
         self.data = {k: np.zeros((capacity, *shape), np.float32) for k, shape in shapes.items()}
+        self.frames = None if frames is None else {k: np.zeros((capacity, *shape), np.uint8)
+                                                   for k, shape in frames.items()}
+        self.instructions = np.full(capacity, "", object)
         self.capacity, self.size, self.cursor = capacity, 0, 0
         self.rng = np.random.default_rng(seed)
 
     def __len__(self) -> int:
         return self.size
 
-    def add(self, **row) -> None:
+    def add(self, frames: dict | None = None, instruction: str | None = None, **row) -> None:
         if set(row) != set(self.KEYS):
             raise ValueError(f"ChunkReplay.add takes {', '.join(self.KEYS)}; got {', '.join(sorted(row))}")
+        if self.frames is not None and (set(frames or {}) != set(self.frames) or instruction is None):
+            raise ValueError(f"this ChunkReplay keeps frames: add needs frames={{{', '.join(self.frames)}}} and the "
+                             f"instruction; got frames {sorted(frames or {})}")
         for key, value in row.items():
             self.data[key][self.cursor] = value
+        for key, value in (frames or {}).items() if self.frames is not None else ():
+            self.frames[key][self.cursor] = value
+        self.instructions[self.cursor] = instruction or ""
         self.cursor = (self.cursor + 1) % self.capacity
         self.size = min(self.size + 1, self.capacity)
 
     def sample(self, batch_size: int) -> dict[str, np.ndarray]:
         index = self.rng.integers(0, self.size, batch_size)
         return {k: v[index] for k, v in self.data.items()}
+
+    def sample_inputs(self, batch_size: int) -> dict:
+        """BC rows in the VLA's input keys (as `SuiteDemos.sample_chunks`): state, frames, instruction, the
+        executed chunk and its `valid` mask."""
+        if self.frames is None:
+            raise ValueError("this ChunkReplay keeps no frames: build it with frames= to sample VLA inputs")
+        index = self.rng.integers(0, self.size, batch_size)
+        return {STATE_KEY: self.data["observations"][index], TASK_KEY: list(self.instructions[index]),
+                **{k: v[index] for k, v in self.frames.items()}, "actions": self.data["actions"][index],
+                "valid": self.data["valid"][index]}
 
 
 class VLAQCRunner(VLAFinetuneRunner):
@@ -248,14 +320,31 @@ class VLAQCRunner(VLAFinetuneRunner):
             return self.rng.uniform(-1.0, 1.0, choice["chunk"].shape[1:]).astype(np.float32)
         return choice["chunk"][0]
 
+    def _bc_batch(self, replay: ChunkReplay, batch_size: int) -> dict:
+        """QC's behaviour-policy batch: uniform over the union of the pretraining demos (every task of the suite)
+        and the online steps, so the online share is online steps / (online steps + demo steps)."""
+        share = self.online_step / (self.online_step + len(self.dataset))
+        n_online = min(int(self.rng.binomial(batch_size, share)), batch_size) if len(replay) else 0
+        parts = [replay.sample_inputs(n_online)] if n_online else []
+        if n_online < batch_size:
+            parts.append(self.dataset.sample_chunks(batch_size - n_online, self.agent.actor.chunk))
+        return {k: [x for part in parts for x in part[k]] if k == TASK_KEY else np.concatenate([part[k] for part in parts])
+                for k in parts[0]}
+
     def _run_online(self) -> None:
         cfg, agent = self.cfg, self.agent
-        h, n = agent.horizon, agent.cfg.num_samples
-        replay = ChunkReplay(max(1, min(cfg.replay_capacity, cfg.online_steps)), agent.obs_dim, agent.actor.text_dim,
-                             h, agent.act_dim, n, seed=cfg.seed + 1)
+        h, n, learns = agent.horizon, agent.cfg.num_samples, agent.learns
+        if learns and self.dataset is None:
+            raise ConfigError(f"algo.online_agent.finetune={agent.cfg.finetune} trains the VLA on the pretraining demos "
+                              "too: run with the suite's dataset (dataset=task), not pretrained= alone")
         env = sims.make(cfg.env, **self._env_kwargs(self.finetune_task))
-        generator = torch.Generator(device=agent.device).manual_seed(cfg.seed + 11)
         obs, _ = env.reset(seed=cfg.seed + 7)
+        frame_keys = [image_key(camera) for camera in agent.actor.cameras] if learns else []
+        replay = ChunkReplay(max(1, min(cfg.replay_capacity, cfg.online_steps)), agent.obs_dim, agent.actor.text_dim,
+                             h, agent.act_dim, n, seed=cfg.seed + 1,
+                             frames={k: obs[k].shape for k in frame_keys} if learns else None)
+        generator = torch.Generator(device=agent.device).manual_seed(cfg.seed + 11)
+        bc_batch, bc_owed, bc_window = agent.cfg.bc_batch_size or cfg.online_batch_size, 0, []
         episode_step, limit = 0, getattr(env.spec, "max_episode_steps", None) or float("inf")
         # no eval at online step 0: with an untrained critic best-of-N picks a uniformly random sample, the
         # VLA's own distribution, which the end-of-pretraining eval already measured on the same start states
@@ -269,6 +358,7 @@ class VLAQCRunner(VLAFinetuneRunner):
                 replay.add(**pending, next_candidates=choice["candidates"][0])
                 pending = None
             chunk, text, state = self._chunk_source(choice), choice["text"][0], obs[STATE_KEY].copy()
+            inputs = {"frames": {k: obs[k].copy() for k in frame_keys}, "instruction": obs[TASK_KEY]} if learns else {}
             spread = np.linalg.norm(choice["candidates"][0] - choice["candidates"][0].mean(0), axis=-1).mean()
             drift = np.linalg.norm(chunk - choice["candidates"][0].mean(0), axis=-1).mean()
             rewards, valid, terminals = np.zeros(h, np.float32), np.zeros(h, np.float32), np.zeros(h, np.float32)
@@ -285,10 +375,11 @@ class VLAQCRunner(VLAFinetuneRunner):
                 bar.update(1)
                 if self.online_step > self.learning_start():
                     owed += cfg.utd
+                    bc_owed += int(learns)
                 if terminated or truncated or self.online_step >= cfg.online_steps:
                     break
             row = dict(observations=state, text=text, actions=chunk, rewards=rewards, valid=valid, terminals=terminals,
-                       next_observations=obs[STATE_KEY], next_text=text)
+                       next_observations=obs[STATE_KEY], next_text=text, **inputs)
             if terminated:  # no bootstrap past a true terminal: the candidates are never read
                 replay.add(**row, next_candidates=np.zeros((n, h, agent.act_dim), np.float32))
             elif truncated:  # a time limit: bootstrap from the final state's own candidates
@@ -306,20 +397,29 @@ class VLAQCRunner(VLAFinetuneRunner):
             if owed and len(replay):
                 window += [agent.update(replay.sample(cfg.online_batch_size)) for _ in range(owed)]
                 owed = 0
+            if bc_owed >= agent.cfg.bc_every and len(replay):
+                steps, bc_owed = divmod(bc_owed, agent.cfg.bc_every)
+                bc_window += [agent.bc_update(self._bc_batch(replay, bc_batch)) for _ in range(steps)]
             if self.online_step // cfg.log_every > (self.online_step - h) // cfg.log_every and acting:
                 # action distance: the executed chunk from the mean of the VLA's samples at that state (the
                 # pretrained policy's mean action), against the samples' own spread around it
                 drift_mean, spread_mean = np.mean(acting, 0)
-                self.logger.log({**(mean_metrics(window) if window else {}), "finetune/action_distance": drift_mean,
-                                 "finetune/candidate_spread": spread_mean,
+                learned = {}
+                if learns:   # how far the VLA itself moved, on online states
+                    learned = {**(mean_metrics(bc_window) if bc_window else {}),
+                               "finetune/vla_distance": agent.vla_distance(replay.sample_inputs(min(len(replay), 32)))}
+                self.logger.log({**(mean_metrics(window) if window else {}), **learned,
+                                 "finetune/action_distance": drift_mean, "finetune/candidate_spread": spread_mean,
                                  "total_step": self.offline_step + self.online_step},
                                 step=self.online_step, phase="online", kind="train")
-                window, acting = [], []
+                window, acting, bc_window = [], [], []
             if self.online_step >= next_eval or self.online_step >= cfg.online_steps:
                 record = self.evaluate(self.online_step, self.offline_step + self.online_step)
                 bar.set_postfix(success=f"{record['eval/success']:.2f}")
                 next_eval += cfg.eval_every_online
         bar.close()
         env.close()
+        if agent.cfg.finetune == "lora":
+            merge_adapters(agent.actor)   # <run>/policy saves as a plain VLA
         if cfg.online_steps == 0:   # a pretraining-only run: its summary reads one online-phase eval
             self.evaluate(0, self.offline_step)

@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
+import policies
 from embodied import agents
 from embodied.agents.vla_qc import ChunkReplay
 from embodied.config_check import check_config
@@ -87,8 +89,13 @@ def test_the_agent_acts_with_the_argmax_q_candidate_and_the_vla_stays_frozen():
 def test_vla_qc_errors_name_the_field_and_the_fix():
     with pytest.raises(ConfigError, match="fine-tunes a pretrained vla_bc"):
         agents.make("vla_qc", OBS, ACT)
-    with pytest.raises(ConfigError, match="finetune='lora': only frozen"):
-        build(finetune="lora")
+    with pytest.raises(ConfigError, match="finetune='adapters': choose one of frozen, head, lora, full"):
+        build(finetune="adapters")
+    with pytest.raises(ConfigError, match=r"distils whole executed chunks: set algo.online_agent.horizon=2"):
+        build(finetune="head", horizon=1)
+    parallel = agents.make("vla_bc", OBS, ACT, {**SMALL_VLA, "head": "parallel"})
+    with pytest.raises(ConfigError, match="finetune=lora trains the flow head by BC.*head='parallel'"):
+        agents.continue_from("vla_qc", parallel, {"num_samples": N, "horizon": H, "finetune": "lora"})
     with pytest.raises(ConfigError, match=r"horizon=3 must be in 1..2"):
         build(horizon=3)
     with pytest.raises(ConfigError, match="reward='shaped': choose success or env"):
@@ -103,6 +110,53 @@ def test_vla_qc_errors_name_the_field_and_the_fix():
     for _ in range(6):   # a ring: the oldest rows make way
         replay.add(**row)
     assert len(replay) == 4 and replay.sample(3)["next_candidates"].shape == (3, N, H, ACT)
+
+
+def add_rows(agent, replay, rows: int = 6, seed: int = 0) -> None:
+    batch = batch_of(agent, rows, seed)
+    for i in range(rows):
+        replay.add(**{k: v[i] for k, v in batch.items()}, frames={}, instruction=f"task {i % 2}")
+
+
+@pytest.mark.parametrize("mode", ["head", "lora", "full"])
+def test_each_finetune_mode_trains_what_it_names_by_bc_and_the_pretrained_reference_stays(mode):
+    """QC's behaviour-policy update on the VLA: flow BC on VLA input rows (what ChunkReplay keeps with frames)."""
+    agent = build(finetune=mode)
+    replay = ChunkReplay(8, OBS, agent.actor.text_dim, H, ACT, N, frames={})   # a VLA without cameras: no frames
+    add_rows(agent, replay)
+    rows = replay.sample_inputs(6)
+    assert rows["task"][0].startswith("task") and rows["actions"].shape == (6, H, ACT) and rows["valid"].shape == (6, H)
+    before = {k: v.clone() for k, v in agent.actor.state_dict().items()}
+    reference = {k: v.clone() for k, v in agent.reference.state_dict().items()}
+    assert agent.vla_distance(rows) == 0.0   # nothing learned yet: the same chunks from the same noise
+    losses = [agent.bc_update(replay.sample_inputs(6))["bc_loss"] for _ in range(8)]
+    assert all(np.isfinite(losses))
+    changed = {k for k, v in agent.actor.state_dict().items() if k in before and not torch.equal(v, before[k])}
+    head = {k for k in changed if k.split(".")[0] in ("action_in", "action_pos", "time_embed", "action_out")}
+    base_backbone = {k for k in changed if k.startswith("backbone.") and "lora_" not in k}
+    assert head, "the flow head learns in every mode"
+    assert (changed == head) if mode == "head" else True
+    assert not base_backbone if mode in ("head", "lora") else base_backbone
+    if mode == "lora":
+        assert any("lora_B" in k for k in changed)   # the adapters learn
+    assert agent.vla_distance(rows) > 0.0
+    assert all(torch.equal(v, agent.reference.state_dict()[k]) for k, v in reference.items())
+
+
+def test_a_replay_that_keeps_frames_refuses_rows_without_them():
+    agent = build()
+    frameless = ChunkReplay(4, OBS, agent.actor.text_dim, H, ACT, N)
+    row = {k: v[0] for k, v in batch_of(agent).items()}
+    frameless.add(**row)
+    with pytest.raises(ValueError, match="keeps no frames: build it with frames="):
+        frameless.sample_inputs(1)
+    keeping = ChunkReplay(4, OBS, agent.actor.text_dim, H, ACT, N, frames={"observation.images.front": (8, 8, 3)})
+    with pytest.raises(ValueError, match=r"add needs frames=\{observation.images.front\} and the instruction"):
+        keeping.add(**row)
+    keeping.add(**row, frames={"observation.images.front": np.full((8, 8, 3), 7, np.uint8)}, instruction="stack")
+    rows = keeping.sample_inputs(2)
+    assert rows["observation.images.front"].dtype == np.uint8 and int(rows["observation.images.front"].max()) == 7
+    assert rows["task"] == ["stack", "stack"]
 
 
 VLA_QC_TINY = ["algo=vla_qc", "env=cube-single-suite", "env.tasks=[1,2]", "dataset=task", "dataset.size=300",
@@ -157,6 +211,23 @@ def test_vla_qc_fine_tunes_one_task_and_evaluates_every_task(tmp_path, monkeypat
     subprocess.run([sys.executable, str(REPO / "benchmarks" / "vla_finetune.py"), "--recompute", str(out)],
                    check=True, cwd=REPO, timeout=120)
     assert json.loads(out.read_text())["tables"] == result["tables"]   # rebuilt from the jobs alone
+    # --before: "before" from a larger eval of the same policy (benchmarks/vla_eval_sets.py), not the run's own
+    before = tmp_path / "before.json"
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "vla_eval_sets.py"), "--policy",
+                    str(tmp_path / "run" / "policy"), "--env", "cube-single", "--tasks", "1", "2", "--episodes", "3",
+                    "--sets", "none", "--out", str(before)], check=True, cwd=REPO, timeout=600)
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "vla_finetune.py"), "--recompute", str(out),
+                    "--before", str(before)], check=True, cwd=REPO, timeout=120)
+    rebuilt = json.loads(out.read_text())
+    evaluated = json.loads(before.read_text())["sets"]["none"]["task_success"]
+    assert rebuilt["before_eval"] == str(before) and rebuilt["tables"]["1"]["episodes_before"] == 3
+    assert rebuilt["tables"]["1"]["before"]["per_seed"] == [evaluated["1"]]
+    assert rebuilt["tables"]["1"]["other_tasks_before"]["per_seed"] == [evaluated["2"]]
+    assert rebuilt["tables"]["1"]["after"] == result["tables"]["1"]["after"]
+    wrong = subprocess.run([sys.executable, str(REPO / "benchmarks" / "vla_finetune.py"), "--pretrained",
+                            str(tmp_path / "other"), "--before", str(before), "--tasks", "1"],
+                           cwd=REPO, timeout=120, capture_output=True, text=True)
+    assert wrong.returncode != 0 and "not " + str(tmp_path / "other" / "policy") in wrong.stderr
     lines = (tmp_path / "sweep" / "task1_s0" / "metrics.jsonl").read_text().splitlines()
     assert not any(json.loads(line)["phase"] == "offline" and json.loads(line)["kind"] == "train" for line in lines)
     # a pretraining-only run (budget.online_steps=0, the README's first command) ends with one eval
@@ -164,3 +235,22 @@ def test_vla_qc_fine_tunes_one_task_and_evaluates_every_task(tmp_path, monkeypat
     zero = run(compose_train([*VLA_QC_TINY, "budget.online_steps=0", f"pretrained={tmp_path / 'run'}"]),
                tmp_path / "zero")
     assert zero["online_steps"] == 0 and set(zero["task_success"]) == {1, 2}
+
+
+@pytest.mark.slow
+def test_vla_qc_with_lora_trains_the_vla_on_demos_and_executed_chunks_and_saves_a_plain_policy(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path / "cache"))
+    summary = run(compose_train([*VLA_QC_TINY, "algo.online_agent.finetune=lora", "algo.online_agent.bc_every=4",
+                                 "algo.online_agent.bc_batch_size=4"]), tmp_path / "run")
+    assert 0.0 <= summary["finetune"]["success_after"] <= 1.0
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train = [line for line in lines if line["phase"] == "online" and line["kind"] == "train" and "train/bc_loss" in line]
+    assert [line["step"] for line in train] == [16, 32]   # a BC step per 4 env steps, logged with the critic's
+    assert all(np.isfinite(line["train/bc_loss"]) for line in train)
+    assert train[-1]["finetune/vla_distance"] > 0.0       # the VLA itself moved from the pretrained one
+    saved = policies.load(tmp_path / "run" / "policy")    # adapters merged: a plain VLA
+    assert not any("lora" in name for name in saved.state_dict())
+    pretrained = load_file(tmp_path / "run" / "checkpoints" / "pretrained" / "model.safetensors")
+    weights = saved.state_dict()
+    assert not torch.equal(weights["action_out.0.weight"], pretrained["actor.action_out.0.weight"])   # the head
+    assert not torch.equal(weights["backbone.blocks.0.qkv.weight"], pretrained["actor.backbone.blocks.0.qkv.weight"])
