@@ -38,6 +38,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--sets", nargs="+", default=list(VARIATIONS), choices=VARIATIONS)
     parser.add_argument("--seed", type=int, default=0, help="the training run's seed: its eval start states")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--flow-steps", type=int, default=None,
+                        help="Euler steps of a flow head (default: the policy's own); vla_ppo fine-tunes and "
+                             "deploys at its denoising_steps (4), so its 'before' is this policy at 4")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     args.tasks = args.tasks or list(range(1, (sims.spec(args.env).num_tasks or 1) + 1))
@@ -45,9 +48,18 @@ def main(argv=None) -> dict:
     policy = policies.load(args.policy)
     if not hasattr(policy, "cameras"):
         raise SystemExit(f"--policy {args.policy}: not a VLA policy (no cameras); train one with algo=vla_bc")
+    if args.flow_steps is not None:
+        if policy.head != "flow" or args.flow_steps < 1:
+            raise SystemExit(f"--flow-steps {args.flow_steps}: needs a flow-head policy (this one: {policy.head}) "
+                             "and at least 1 step")
+        policy.flow_steps = args.flow_steps
     result = json.loads(args.out.read_text()) if args.out.exists() else {}
+    previous = result.get("flow_steps")
+    if previous is not None and previous != getattr(policy, "flow_steps", None):
+        raise SystemExit(f"--out {args.out} holds sets evaluated at {previous} flow steps: pass --flow-steps "
+                         f"{previous}, or write a new --out")
     result.update(policy=str(args.policy), env=args.env, head=policy.head, tasks=args.tasks, episodes=args.episodes,
-                  cpu=cpu_info(), threads=args.threads)
+                  cpu=cpu_info(), threads=args.threads, flow_steps=getattr(policy, "flow_steps", None))
     result.setdefault("sets", {})
     result.setdefault("commands", []).append(" ".join(["python benchmarks/vla_eval_sets.py", *(argv or sys.argv[1:])]))
     result.pop("command", None)

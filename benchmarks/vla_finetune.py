@@ -54,9 +54,23 @@ def before_episodes(algo: str, pretrained: Path, episodes: int) -> int:
     return int(evals[-1].get("eval/episodes", episodes)) if evals else episodes
 
 
-def read_before_eval(path: Path, pretrained: Path, env: str) -> dict:
-    """A `benchmarks/vla_eval_sets.py` JSON of the pretrained policy (set `none`, the runner's start states):
-    "before" with more episodes than the pretraining's own eval, for every task it covers."""
+def sampler_steps(algo: str, pretrained: Path, overrides: list[str]) -> int | None:
+    """The Euler steps "before" must be measured at: vla_ppo's `denoising_steps` (what it fine-tunes and
+    deploys), vla_qc's the pretrained policy's own (None for a head without them)."""
+    if algo == "vla_ppo":
+        for override in overrides:
+            if override.startswith("algo.online_agent.denoising_steps="):
+                return int(override.split("=", 1)[1])
+        from embodied.agents.vla_ppo import VLAPPOConfig
+
+        return VLAPPOConfig().denoising_steps
+    config = json.loads((Path(pretrained) / "policy" / "config.json").read_text())["config"]
+    return config.get("flow_steps") if config.get("head") == "flow" else None
+
+
+def read_before_eval(path: Path, pretrained: Path, env: str, algo: str, overrides: list[str]) -> dict:
+    """A `benchmarks/vla_eval_sets.py` JSON of the pretrained policy (set `none`, the runner's start states,
+    the fine-tuned policy's sampler): "before" with more episodes than the run's own eval, for every task."""
     data = json.loads(Path(path).read_text())
     if Path(data["policy"]).resolve() != (Path(pretrained) / "policy").resolve():
         raise SystemExit(f"--before {path}: evaluates {data['policy']}, not {Path(pretrained) / 'policy'}; "
@@ -64,7 +78,12 @@ def read_before_eval(path: Path, pretrained: Path, env: str) -> dict:
     if data["env"] != env.removesuffix("-suite") or "none" not in data["sets"]:
         raise SystemExit(f"--before {path}: needs set 'none' on env {env.removesuffix('-suite')} "
                          f"(has env {data['env']}, sets {sorted(data['sets'])})")
-    return {"episodes": int(data["episodes"]),
+    steps = sampler_steps(algo, pretrained, overrides)
+    evaluated = data.get("flow_steps") or sampler_steps("vla_qc", pretrained, [])   # unrecorded: the policy's own
+    if steps is not None and evaluated != steps:
+        raise SystemExit(f"--before {path}: evaluated at {evaluated} flow steps, and {algo} acts at {steps}: "
+                         f"rerun benchmarks/vla_eval_sets.py with --flow-steps {steps}")
+    return {"episodes": int(data["episodes"]), "flow_steps": evaluated,
             "task_success": {int(t): v for t, v in data["sets"]["none"]["task_success"].items()}}
 
 
@@ -132,14 +151,16 @@ def main() -> None:
         if args.before:
             result["before_eval"] = str(args.before)
         before = result.get("before_eval")
-        before = read_before_eval(Path(before), Path(result["pretrained"]), result["env"]) if before else None
+        before = read_before_eval(Path(before), Path(result["pretrained"]), result["env"], result["algo"],
+                                  result["overrides"]) if before else None
         result["tables"] = make_tables(result["jobs"], tasks, result["algo"], Path(result["pretrained"]), before)
         args.recompute.write_text(json.dumps(result, indent=2))
         report(result["tables"], args.recompute)
         return
     if args.pretrained is None:
         parser.error("--pretrained is required (a vla_bc run with the flow head)")
-    before = read_before_eval(args.before, args.pretrained, args.env) if args.before else None
+    before = read_before_eval(args.before, args.pretrained, args.env, args.algo,
+                              args.overrides) if args.before else None
     stamp = f"{datetime.now():%Y%m%d-%H%M%S}"
     root = args.out or REPO / "benchmarks" / "results" / "raw" / f"vla_finetune_{stamp}"
     root.mkdir(parents=True, exist_ok=True)

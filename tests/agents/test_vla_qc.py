@@ -224,6 +224,15 @@ def test_vla_qc_fine_tunes_one_task_and_evaluates_every_task(tmp_path, monkeypat
     assert rebuilt["tables"]["1"]["before"]["per_seed"] == [evaluated["1"]]
     assert rebuilt["tables"]["1"]["other_tasks_before"]["per_seed"] == [evaluated["2"]]
     assert rebuilt["tables"]["1"]["after"] == result["tables"]["1"]["after"]
+    # a "before" measured with another sampler than the route acts with is refused (vla_qc: the policy's own 10)
+    other_sampler = tmp_path / "before_k2.json"
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "vla_eval_sets.py"), "--policy",
+                    str(tmp_path / "run" / "policy"), "--env", "cube-single", "--tasks", "1", "2", "--episodes", "1",
+                    "--sets", "none", "--flow-steps", "2", "--out", str(other_sampler)], check=True, cwd=REPO, timeout=600)
+    assert json.loads(other_sampler.read_text())["flow_steps"] == 2
+    refused = subprocess.run([sys.executable, str(REPO / "benchmarks" / "vla_finetune.py"), "--recompute", str(out),
+                              "--before", str(other_sampler)], cwd=REPO, timeout=120, capture_output=True, text=True)
+    assert refused.returncode != 0 and "evaluated at 2 flow steps, and vla_qc acts at 10" in refused.stderr and "--flow-steps 10" in refused.stderr
     wrong = subprocess.run([sys.executable, str(REPO / "benchmarks" / "vla_finetune.py"), "--pretrained",
                             str(tmp_path / "other"), "--before", str(before), "--tasks", "1"],
                            cwd=REPO, timeout=120, capture_output=True, text=True)
