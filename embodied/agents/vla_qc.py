@@ -37,6 +37,7 @@ What departs from QC (named, listed in benchmarks/RESULTS.md):
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,6 +78,9 @@ class VLAQCConfig:
     lora_alpha: int = 8                        # peft's default
     bc_every: int = 1                          # env steps per VLA BC step (QC: an actor step per critic step)
     bc_batch_size: int = 0                     # 0: the critic's batch (QC: one batch for both)
+    critic_pretrain_steps: int = 0             # QC trains its critic offline first; here, at the switch, on the
+                                               # suite's demos (`demo_chunks`), this many updates (0: off)
+    critic_pretrain_rows: int = 2048           # demo chunk starts for it; the VLA draws their targets' candidates once
     reward: str = "success"                    # what the critic values: "success" (1.0 at the step that succeeds,
                                                # as route (b)) or "env" (the env's reward through the run's transform)
 
@@ -120,6 +124,9 @@ class VLAQC(Agent):
                               f"algo.offline_agent.chunk={vla.chunk}); set algo.online_agent.horizon={vla.chunk}")
         if cfg.num_samples < 1 or cfg.q_agg not in ("mean", "min"):
             raise ConfigError("algo.online_agent.num_samples must be >= 1 and q_agg one of mean, min")
+        if cfg.critic_pretrain_steps < 0 or cfg.critic_pretrain_rows < 1:
+            raise ConfigError("algo.online_agent.critic_pretrain_steps must be >= 0 and critic_pretrain_rows >= 1 "
+                              f"(got {cfg.critic_pretrain_steps} and {cfg.critic_pretrain_rows})")
         super().__init__(obs_dim, act_dim, cfg, device, seed)
         torch.manual_seed(seed)  # critic init
         self.reference = copy.deepcopy(vla).requires_grad_(False).eval() if self.learns else None
@@ -300,6 +307,29 @@ class ChunkReplay:
                 "valid": self.data["valid"][index]}
 
 
+def demo_chunks(demos, horizon: int, step_rewards: np.ndarray, rows: int, rng: np.random.Generator) -> dict:
+    """Chunk transitions of the suite's demos for the critic's offline pretraining, laid out as the online
+    rows: for a chunk start, its episode's next `horizon` actions, their rewards, `valid` and `terminals`
+    (1 from the succeeding step on), and `next_index`, the demo step the backup bootstraps from (-1 past a
+    success: no bootstrap). A chunk that reaches an episode's time limit is left out: the demos keep no
+    state after it. `rows` starts are drawn without replacement from the rest."""
+    n = len(demos.actions)
+    start = np.arange(n)
+    last = demos.last
+    inside = start + horizon - 1 < last                  # the next chunk starts inside the episode
+    success = demos.terminals[last].astype(bool)         # the episode ends in success at its last step
+    eligible = np.flatnonzero(inside | success)
+    chosen = np.sort(rng.choice(eligible, min(rows, len(eligible)), replace=False))
+    steps = chosen[:, None] + np.arange(horizon)[None]
+    valid = steps <= last[chosen][:, None]
+    index = np.minimum(steps, last[chosen][:, None])
+    ends = ~inside[chosen]
+    terminals = (ends[:, None] & (steps >= last[chosen][:, None])).astype(np.float32)
+    return {"start": chosen, "actions": demos.actions[index], "valid": valid.astype(np.float32),
+            "rewards": (step_rewards[index] * valid).astype(np.float32), "terminals": terminals,
+            "next_index": np.where(ends, -1, chosen + horizon)}
+
+
 class VLAQCRunner(VLAFinetuneRunner):
     """VLARunner with the online phase of `online_algo=vla_qc`: one env of the fine-tuned task (frames and
     the instruction), a chunk per boundary, chunk transitions into a ChunkReplay, `utd` critic updates per
@@ -331,9 +361,53 @@ class VLAQCRunner(VLAFinetuneRunner):
         return {k: [x for part in parts for x in part[k]] if k == TASK_KEY else np.concatenate([part[k] for part in parts])
                 for k in parts[0]}
 
+    def _pretrain_critic(self) -> None:
+        """QC's offline critic training, at the switch: `critic_pretrain_steps` updates of the same backup on
+        `demo_chunks` of every task's demos, with the reward the online phase uses (success: the demos'
+        succeeding steps), their targets' candidates drawn once by the VLA at the next chunk's state."""
+        cfg, agent, qcfg = self.cfg, self.agent, self.agent.cfg
+        demos, vla = self.dataset, self.agent.actor
+        if demos is None or getattr(demos, "terminals", None) is None:
+            raise ConfigError("algo.online_agent.critic_pretrain_steps > 0 trains the critic on the suite's demos: "
+                              "run with dataset=task (not pretrained= alone)")
+        started = time.time()
+        step_rewards = (demos.terminals.astype(np.float32) if qcfg.reward == "success"
+                        else np.asarray(self.rewards(demos.rewards), np.float32))
+        rows = demo_chunks(demos, agent.horizon, step_rewards, qcfg.critic_pretrain_rows,
+                           np.random.default_rng(cfg.seed + 3))
+        count, n = len(rows["start"]), qcfg.num_samples
+        replay = ChunkReplay(count, agent.obs_dim, vla.text_dim, agent.horizon, agent.act_dim, n, seed=cfg.seed + 5)
+        generator = torch.Generator(device=agent.device).manual_seed(cfg.seed + 13)
+        for block in tqdm(np.array_split(np.arange(count), max(1, count // 64)), desc="critic pretraining: candidates",
+                          disable=not self.progress, dynamic_ncols=True):
+            start, after = rows["start"][block], rows["next_index"][block]
+            text = vla.embed_text([demos.instructions[i] for i in start]).cpu().numpy()
+            candidates = np.zeros((len(block), n, agent.horizon, agent.act_dim), np.float32)
+            live = after >= 0
+            if live.any():
+                at = after[live]
+                obs = {STATE_KEY: demos.states[at], TASK_KEY: [demos.instructions[i] for i in at],
+                       **{image_key(c): demos.images[c][at] for c in vla.cameras}}
+                candidates[live] = agent.candidates(obs, generator)[0].cpu().numpy()
+            for k, row in enumerate(block):
+                replay.add(observations=demos.states[start[k]], text=text[k], actions=rows["actions"][row],
+                           rewards=rows["rewards"][row], valid=rows["valid"][row], terminals=rows["terminals"][row],
+                           next_observations=demos.states[max(after[k], 0)], next_text=text[k],
+                           next_candidates=candidates[k])
+        window = [agent.update(replay.sample(cfg.online_batch_size))
+                  for _ in tqdm(range(qcfg.critic_pretrain_steps), desc="critic pretraining", disable=not self.progress,
+                                dynamic_ncols=True)]
+        metrics = {f"critic_pretrain/{k.split('/', 1)[1]}": v for k, v in mean_metrics(window[-100:]).items()}
+        self.logger.log({**metrics, "critic_pretrain/rows": float(count),
+                         "critic_pretrain/successes": float(rows["terminals"][:, -1].sum()),
+                         "critic_pretrain/seconds": time.time() - started, "total_step": self.offline_step},
+                        step=0, phase="online", kind="train")
+
     def _run_online(self) -> None:
         cfg, agent = self.cfg, self.agent
         h, n, learns = agent.horizon, agent.cfg.num_samples, agent.learns
+        if agent.cfg.critic_pretrain_steps > 0 and cfg.online_steps > 0:
+            self._pretrain_critic()
         if learns and self.dataset is None:
             raise ConfigError(f"algo.online_agent.finetune={agent.cfg.finetune} trains the VLA on the pretraining demos "
                               "too: run with the suite's dataset (dataset=task), not pretrained= alone")

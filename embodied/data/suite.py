@@ -26,6 +26,8 @@ class SuiteDemos:
     task_ids: np.ndarray            # [N] 1-based task id
     last: np.ndarray                # [N] index of the last step of the step's episode
     metadata: dict
+    rewards: np.ndarray | None = None     # [N] the env's reward (for a critic trained on the demos)
+    terminals: np.ndarray | None = None   # [N] bool: the step ended its episode in success (the demos stop there)
     rng: np.random.Generator = field(default=None, repr=False)
 
     def __post_init__(self):
@@ -116,5 +118,8 @@ def load_suite(env: str, task_ids, size_per_task: int, seed: int, cameras, image
     metadata = {"env": env, "task_ids": [tid for tid, *_ in parts], "size_per_task": int(size_per_task),
                 "episodes": int(sum(ds.metadata.get("episodes", 0) for _, ds, _, _ in parts)),
                 "instructions": sorted(set(instructions))}
-    return SuiteDemos(states, actions, images, instructions, task_col, episode_last_index(ends), metadata)
+    rewards = np.concatenate([ds.rewards for _, ds, _, _ in parts]).astype(np.float32)
+    terminals = np.concatenate([ds.terminals for _, ds, _, _ in parts]).astype(bool)
+    return SuiteDemos(states, actions, images, instructions, task_col, episode_last_index(ends), metadata,
+                      rewards=rewards, terminals=terminals)
 

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from safetensors.torch import load_file
 
 import policies
 from embodied import agents
-from embodied.agents.vla_qc import ChunkReplay
+from embodied.agents.vla_qc import ChunkReplay, demo_chunks
 from embodied.config_check import check_config
 from embodied.constants import STATE_KEY
 from embodied.errors import ConfigError
@@ -96,6 +97,8 @@ def test_vla_qc_errors_name_the_field_and_the_fix():
     parallel = agents.make("vla_bc", OBS, ACT, {**SMALL_VLA, "head": "parallel"})
     with pytest.raises(ConfigError, match="finetune=lora trains the flow head by BC.*head='parallel'"):
         agents.continue_from("vla_qc", parallel, {"num_samples": N, "horizon": H, "finetune": "lora"})
+    with pytest.raises(ConfigError, match=r"critic_pretrain_steps must be >= 0 and critic_pretrain_rows >= 1"):
+        build(critic_pretrain_rows=0)
     with pytest.raises(ConfigError, match=r"horizon=3 must be in 1..2"):
         build(horizon=3)
     with pytest.raises(ConfigError, match="reward='shaped': choose success or env"):
@@ -141,6 +144,25 @@ def test_each_finetune_mode_trains_what_it_names_by_bc_and_the_pretrained_refere
         assert any("lora_B" in k for k in changed)   # the adapters learn
     assert agent.vla_distance(rows) > 0.0
     assert all(torch.equal(v, agent.reference.state_dict()[k]) for k, v in reference.items())
+
+
+def test_demo_chunks_lay_out_the_demos_as_online_rows_and_skip_time_limits():
+    """Two episodes: steps 0-4 end in success at 4, steps 5-9 at a time limit. Horizon 3."""
+    terminals = np.zeros(10, bool)
+    terminals[4] = True
+    demos = SimpleNamespace(actions=np.arange(10, dtype=np.float32)[:, None].repeat(2, 1), terminals=terminals,
+                            last=np.array([4] * 5 + [9] * 5))
+    rows = demo_chunks(demos, 3, terminals.astype(np.float32), 100, np.random.default_rng(0))
+    # a chunk that reaches the time limit (starts 7, 8, 9) has no state to bootstrap from: left out
+    np.testing.assert_array_equal(rows["start"], [0, 1, 2, 3, 4, 5, 6])
+    np.testing.assert_array_equal(rows["next_index"], [3, 4, -1, -1, -1, 8, 9])
+    np.testing.assert_array_equal(rows["valid"][3], [1, 1, 0])          # start 3: steps 3, 4, then the episode ended
+    np.testing.assert_array_equal(rows["terminals"][3], [0, 1, 1])      # from the succeeding step on, as online
+    np.testing.assert_array_equal(rows["rewards"][3], [0, 1, 0])
+    np.testing.assert_array_equal(rows["rewards"][2], [0, 0, 1])
+    np.testing.assert_array_equal(rows["terminals"][0], [0, 0, 0])
+    np.testing.assert_array_equal(rows["actions"][3, :, 0], [3, 4, 4])  # padded with the last real action
+    assert len(demo_chunks(demos, 3, terminals.astype(np.float32), 4, np.random.default_rng(0))["start"]) == 4
 
 
 def test_a_replay_that_keeps_frames_refuses_rows_without_them():
@@ -247,12 +269,17 @@ def test_vla_qc_fine_tunes_one_task_and_evaluates_every_task(tmp_path, monkeypat
 
 
 @pytest.mark.slow
-def test_vla_qc_with_lora_trains_the_vla_on_demos_and_executed_chunks_and_saves_a_plain_policy(tmp_path, monkeypatch):
+def test_vla_qc_with_critic_pretraining_and_lora_trains_both_and_saves_a_plain_policy(tmp_path, monkeypatch):
     monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path / "cache"))
     summary = run(compose_train([*VLA_QC_TINY, "algo.online_agent.finetune=lora", "algo.online_agent.bc_every=4",
-                                 "algo.online_agent.bc_batch_size=4"]), tmp_path / "run")
+                                 "algo.online_agent.bc_batch_size=4", "algo.online_agent.critic_pretrain_steps=20",
+                                 "algo.online_agent.critic_pretrain_rows=16"]), tmp_path / "run")
     assert 0.0 <= summary["finetune"]["success_after"] <= 1.0
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    # the critic's offline pretraining on the demos ran first, at the switch
+    pretrain = [line for line in lines if "critic_pretrain/critic_loss" in line]
+    assert len(pretrain) == 1 and pretrain[0]["step"] == 0 and pretrain[0]["critic_pretrain/rows"] == 16
+    assert np.isfinite(pretrain[0]["critic_pretrain/critic_loss"])
     train = [line for line in lines if line["phase"] == "online" and line["kind"] == "train" and "train/bc_loss" in line]
     assert [line["step"] for line in train] == [16, 32]   # a BC step per 4 env steps, logged with the critic's
     assert all(np.isfinite(line["train/bc_loss"]) for line in train)
