@@ -8,7 +8,9 @@ Success CIs are Wilson intervals over the pooled episodes of all seeds after fin
 is shared and evaluated once (fixed start states and noise), so "before" counts its episodes once. The
 seeds vary the critic's init, the exploration noise and the online episodes. `--before EVAL_JSON` takes
 "before" from a larger `benchmarks/vla_eval_sets.py` eval of the same policy (its first start states are the
-pretraining eval's and the fine-tunes'), so that side of the comparison is not the narrow one.
+pretraining eval's and the fine-tunes'), so that side of the comparison is not the narrow one. Each finished
+job leaves `<out>/task<T>_s<S>.json`; a later call with the same `--out` and command reuses it, so seeds can be
+added (`--seed-list`) or an interrupted sweep finished without rerunning what is done.
 
     python benchmarks/vla_finetune.py --pretrained RUN --tasks 2 4 --seeds 3 --online-steps 3000 \
         -- eval.episodes=10 budget.batch_size=256
@@ -135,6 +137,8 @@ def main() -> None:
     parser.add_argument("--dataset-size", type=int, default=2000, help="the pretraining's dataset.size")
     parser.add_argument("--tasks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seed-list", type=int, nargs="+", default=None,
+                        help="these seeds instead of 0..seeds-1 (with --out: jobs already finished there are reused)")
     parser.add_argument("--online-steps", type=int, default=3000)
     parser.add_argument("--threads", type=int, default=2, help="torch threads per job")
     parser.add_argument("--jobs", type=int, default=1, help="fine-tunes at a time (jobs x threads <= cores)")
@@ -174,6 +178,12 @@ def main() -> None:
                    f"eval.every_online={args.online_steps}", "checkpoint.every=0", "eval.video_episodes=0",
                    "logger=jsonl", "progress=false", f"threads={args.threads}", f"hydra.run.dir={run_dir}",
                    *args.overrides]
+        record = root / f"task{task}_s{seed}.json"   # a finished job of the same command is reused, not rerun
+        if record.exists() and json.loads(record.read_text()).get("command") == command[2:]:
+            job = json.loads(record.read_text())["job"]
+            print(f"  task {task} seed {seed}: reused {record} ({job['success_before']:.2f} -> "
+                  f"{job['success_after']:.2f})", flush=True)
+            return job
         print(f"[task {task} seed {seed}] {' '.join(command[2:])}", flush=True)
         started = time.time()
         with open(root / f"task{task}_s{seed}.log", "w") as log:
@@ -186,12 +196,14 @@ def main() -> None:
                **{key.split("/")[1]: last_online_mean(run_dir / "metrics.jsonl", key)
                   for key in DIAGNOSTICS[args.algo]},
                "episodes": summary["episodes"]}
+        record.write_text(json.dumps({"command": command[2:], "job": job}, indent=2))
         print(f"  task {task} seed {seed}: {job['success_before']:.2f} -> {job['success_after']:.2f}; other tasks "
               f"{job['other_tasks_before']} -> {job['other_tasks_after']} ({job['wall_s']:.0f} s)", flush=True)
         return job
 
     with ThreadPoolExecutor(args.jobs) as pool:   # each job is its own process
-        results = pool.map(lambda ts: run_job(*ts), [(t, s) for t in args.tasks for s in range(args.seeds)])
+        seeds = args.seed_list if args.seed_list is not None else list(range(args.seeds))
+        results = pool.map(lambda ts: run_job(*ts), [(t, s) for t in args.tasks for s in seeds])
         jobs = [job for job in results if job is not None]
     tables = make_tables(jobs, args.tasks, args.algo, args.pretrained, before)
     result = {"benchmark": "vla_finetune", "algo": args.algo, "pretrained": str(args.pretrained), "env": args.env,

@@ -230,6 +230,12 @@ def test_vla_qc_fine_tunes_one_task_and_evaluates_every_task(tmp_path, monkeypat
     table = result["tables"]["1"]
     assert table["seeds"] == 1 and 0.0 <= table["after"]["success"] <= 1.0 and len(table["after"]["ci95"]) == 2
     assert table["episodes_before"] == 1   # the pretraining's own eval.episodes, read from its metrics
+    again = subprocess.run([sys.executable, str(REPO / "benchmarks" / "vla_finetune.py"), "--pretrained",
+                            str(tmp_path / "run"), "--tasks", "1", "--seed-list", "0", "--online-steps", "16",
+                            "--dataset-size", "300", "--out", str(tmp_path / "sweep"), "--json", str(tmp_path / "again.json"),
+                            "--", *overrides], check=True, cwd=REPO, timeout=120, capture_output=True, text=True)
+    assert "reused" in again.stdout   # the finished job of the same command is not rerun
+    assert json.loads((tmp_path / "again.json").read_text())["jobs"] == result["jobs"]
     subprocess.run([sys.executable, str(REPO / "benchmarks" / "vla_finetune.py"), "--recompute", str(out)],
                    check=True, cwd=REPO, timeout=120)
     assert json.loads(out.read_text())["tables"] == result["tables"]   # rebuilt from the jobs alone
