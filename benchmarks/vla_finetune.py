@@ -6,9 +6,10 @@ for vla_ppo the chain KL and the action distance to the pretrained policy. "Befo
 pretraining for vla_qc and the online step-0 eval for vla_ppo (the pretrained VLA at its fine-tuned step count).
 Success CIs are Wilson intervals over the pooled episodes of all seeds after fine-tuning; the pretraining
 is shared and evaluated once (fixed start states and noise), so "before" counts its episodes once. The
-seeds vary the critic's init, the exploration noise and the online episodes. `--before EVAL_JSON` takes
-"before" from a larger `benchmarks/vla_eval_sets.py` eval of the same policy (its first start states are the
-pretraining eval's and the fine-tunes'), so that side of the comparison is not the narrow one. Each finished
+seeds vary the critic's init, the exploration noise and the online episodes. `--slices --before EVAL_JSON`
+gives seed k its own E start states (k E .. (k + 1) E - 1, E = eval.episodes) and takes "before" from a
+`benchmarks/vla_eval_sets.py` eval of the same policy on all n E of them: both sides then cover the same n E
+start states, where without it every seed repeats the pretraining eval's first E. Each finished
 job leaves `<out>/task<T>_s<S>.json`; a later call with the same `--out` and command reuses it, so seeds can be
 added (`--seed-list`) or an interrupted sweep finished without rerunning what is done.
 
@@ -17,7 +18,8 @@ added (`--seed-list`) or an interrupted sweep finished without rerunning what is
     python benchmarks/vla_finetune.py --algo vla_ppo --pretrained RUN --env mt10-suite --tasks 1 8 --seeds 3 \
         --online-steps 8000 -- eval.episodes=20 algo.online_agent.bc_coef=0.1
     python benchmarks/vla_eval_sets.py --policy RUN/policy --env mt10 --episodes 100 --sets none --out BEFORE.json
-    python benchmarks/vla_finetune.py --recompute SUMMARY.json --before BEFORE.json
+    python benchmarks/vla_finetune.py --pretrained RUN --env mt10-suite --tasks 8 --seeds 5 --slices \
+        --before BEFORE.json -- eval.episodes=20
 """
 from __future__ import annotations
 
@@ -89,9 +91,14 @@ def read_before_eval(path: Path, pretrained: Path, env: str, algo: str, override
             "task_success": {int(t): v for t, v in data["sets"]["none"]["task_success"].items()}}
 
 
-def make_tables(jobs: list[dict], tasks: list[int], algo: str, pretrained: Path, before_eval: dict | None = None) -> dict:
-    """Per fine-tuned task: before, after and the other tasks, pooled over seeds. `before_eval`
-    (`read_before_eval`) replaces the runs' own "before" with a larger eval of the same pretrained policy."""
+def make_tables(jobs: list[dict], tasks: list[int], algo: str, pretrained: Path, before_eval: dict | None = None,
+                slices: bool = False) -> dict:
+    """Per fine-tuned task: before, after and the other tasks, pooled over seeds. With `slices` each seed k
+    was evaluated on its own start states (k E .. (k + 1) E - 1), and `before_eval` (`read_before_eval`),
+    the pretrained policy on all of them, replaces the runs' own "before" (their first E states only)."""
+    if (before_eval is None) != (not slices):
+        raise SystemExit("--before and --slices go together: a 'before' over more start states than the fine-tunes' "
+                         "evals is not paired with them unless each seed evaluates its own slice of those states")
     tables = {}
     first = before_episodes(algo, pretrained, jobs[0]["episodes"]) if jobs else 0   # one pretraining for all
     for task in tasks:
@@ -106,6 +113,12 @@ def make_tables(jobs: list[dict], tasks: list[int], algo: str, pretrained: Path,
             missing = [t for t in [task, *others] if int(t) not in before_eval["task_success"]]
             if missing:
                 raise SystemExit(f"--before eval has no tasks {missing}: evaluate every task of the suite")
+            seeds = sorted(r["seed"] for r in runs)
+            if seeds != list(range(len(seeds))) or before_eval["episodes"] != len(seeds) * episodes:
+                raise SystemExit(f"--slices: seeds {seeds} evaluated {episodes} start states each, so the --before "
+                                 f"eval must cover exactly seeds 0..n-1 x {episodes} states; it has "
+                                 f"{before_eval['episodes']}: rerun benchmarks/vla_eval_sets.py with --episodes "
+                                 f"{(max(seeds) + 1) * episodes}, or run seeds 0..{before_eval['episodes'] // episodes - 1}")
             success_before = before_eval["task_success"][task]
             others_before = {t: before_eval["task_success"][int(t)] for t in others}
             n_before = before_eval["episodes"]
@@ -147,6 +160,9 @@ def main() -> None:
     parser.add_argument("--before", type=Path, default=None,
                         help="a benchmarks/vla_eval_sets.py JSON of the pretrained policy (--sets none, every task, "
                              "more episodes): the tables' 'before' (with --recompute too)")
+    parser.add_argument("--slices", action="store_true",
+                        help="seed k evaluates start states k*E..(k+1)*E-1 (E = eval.episodes, via eval.first_episode): "
+                             "seeds 0..n-1 cover the n*E states of a --before eval (needs --before)")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every job")
     args = parser.parse_args()
     if args.recompute:
@@ -157,12 +173,18 @@ def main() -> None:
         before = result.get("before_eval")
         before = read_before_eval(Path(before), Path(result["pretrained"]), result["env"], result["algo"],
                                   result["overrides"]) if before else None
-        result["tables"] = make_tables(result["jobs"], tasks, result["algo"], Path(result["pretrained"]), before)
+        result["tables"] = make_tables(result["jobs"], tasks, result["algo"], Path(result["pretrained"]), before,
+                                       result.get("slices", False))
         args.recompute.write_text(json.dumps(result, indent=2))
         report(result["tables"], args.recompute)
         return
     if args.pretrained is None:
         parser.error("--pretrained is required (a vla_bc run with the flow head)")
+    if args.slices != bool(args.before):
+        parser.error("--before and --slices go together (a larger 'before' is paired only with per-seed slices)")
+    episodes = next((int(o.split("=", 1)[1]) for o in args.overrides if o.startswith("eval.episodes=")), 10)
+    if args.slices and any(o.startswith("eval.first_episode=") for o in args.overrides):
+        parser.error("--slices sets eval.first_episode per seed: drop it from the overrides")
     before = read_before_eval(args.before, args.pretrained, args.env, args.algo,
                               args.overrides) if args.before else None
     stamp = f"{datetime.now():%Y%m%d-%H%M%S}"
@@ -177,7 +199,7 @@ def main() -> None:
                    f"algo.online_agent.task={task}", f"seed={seed}", f"budget.online_steps={args.online_steps}",
                    f"eval.every_online={args.online_steps}", "checkpoint.every=0", "eval.video_episodes=0",
                    "logger=jsonl", "progress=false", f"threads={args.threads}", f"hydra.run.dir={run_dir}",
-                   *args.overrides]
+                   *([f"eval.first_episode={seed * episodes}"] if args.slices else []), *args.overrides]
         record = root / f"task{task}_s{seed}.json"   # a finished job of the same command is reused, not rerun
         if record.exists() and json.loads(record.read_text()).get("command") == command[2:]:
             job = json.loads(record.read_text())["job"]
@@ -205,9 +227,9 @@ def main() -> None:
         seeds = args.seed_list if args.seed_list is not None else list(range(args.seeds))
         results = pool.map(lambda ts: run_job(*ts), [(t, s) for t in args.tasks for s in seeds])
         jobs = [job for job in results if job is not None]
-    tables = make_tables(jobs, args.tasks, args.algo, args.pretrained, before)
+    tables = make_tables(jobs, args.tasks, args.algo, args.pretrained, before, args.slices)
     result = {"benchmark": "vla_finetune", "algo": args.algo, "pretrained": str(args.pretrained), "env": args.env,
-              "before_eval": str(args.before) if args.before else None,
+              "before_eval": str(args.before) if args.before else None, "slices": args.slices,
               "online_steps": args.online_steps, "overrides": args.overrides, "machine": machine,
               "load_after": uptime(), "jobs": jobs, "tables": tables}
     out = args.json or REPO / "benchmarks" / "results" / f"vla_finetune-{stamp}.json"

@@ -153,6 +153,7 @@ RULES: dict[str, Rule] = {
     "budget.warmup_steps": Int(0, example="5000"),
     "budget.random_steps": Int(0, example="5000"),
     "eval.episodes": Int(1, example="10"),
+    "eval.first_episode": Int(0, example="20"),
     "eval.every_offline": Int(1, example="2000"),
     "eval.every_online": Int(1, example="2000"),
     "eval.video_episodes": Int(0, example="2"),
@@ -328,6 +329,10 @@ def check_config(cfg: DictConfig) -> None:
     if tasks is not None and cfg.algo.offline_algo != "vla_bc":
         raise ConfigError(f"env.tasks={list(tasks)} makes a multi-task suite, which only algo=vla_bc trains; "
                           f"pick env={cfg.env.name} (one task) for algo={cfg.algo.name}")
+    if tasks is not None and cfg.eval.first_episode + cfg.eval.episodes > 100:
+        raise ConfigError(f"eval.first_episode={cfg.eval.first_episode} + eval.episodes={cfg.eval.episodes} is over 100: a "
+                          "suite's tasks take 100 start states each (task k's from 100 k on), so the slice would "
+                          "reach the next task's; keep first_episode + episodes <= 100")
     if cfg.algo.offline_algo == "vla_bc":
         n = sims.spec(cfg.env.name).num_tasks or 0
         if not n or not tasks or any(not isinstance(t, int) or not 1 <= t <= n for t in tasks):

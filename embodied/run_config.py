@@ -97,6 +97,7 @@ def runner_config(cfg: DictConfig):
         reward_scale=cfg.env.reward_scale, reward_bias=cfg.env.reward_bias,
         sparse_failure_reward=cfg.env.sparse_failure_reward, eval_every_offline=cfg.eval.every_offline,
         eval_every_online=cfg.eval.every_online, eval_episodes=cfg.eval.episodes,
+        eval_first_episode=cfg.eval.first_episode,
         video_episodes=cfg.eval.video_episodes, video_size=cfg.eval.video_size, dip_evals=cfg.eval.dip_evals,
         checkpoint_every=cfg.checkpoint.every, keep_checkpoints=cfg.checkpoint.keep, log_every=cfg.log_every,
         replay_capacity=cfg.replay_capacity, pretrained=cfg.pretrained, seed=cfg.seed, device=cfg.device,

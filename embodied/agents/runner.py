@@ -77,6 +77,8 @@ class RunnerConfig:
     eval_every_offline: int = 2_000
     eval_every_online: int = 2_000
     eval_episodes: int = 10
+    eval_first_episode: int = 0               # the evals' first start state is this many episodes in (a sweep can
+                                              # give each seed its own slice of one larger "before" eval)
     dip_evals: int = 4                        # extra evals inside the dip window(s), so the dip is measured
     video_episodes: int = 1
     video_size: int = 128
@@ -102,8 +104,8 @@ class RunnerConfig:
         for name in ("offline_steps", "online_steps", "warmup_steps", "random_steps"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 0")
-        if self.utd < 1 or self.eval_episodes < 1:
-            raise ConfigError("algo.utd and eval.episodes must be >= 1")
+        if self.utd < 1 or self.eval_episodes < 1 or self.eval_first_episode < 0:
+            raise ConfigError("algo.utd and eval.episodes must be >= 1, eval.first_episode >= 0")
         if self.world_model:
             if self.online_algo != "dppo":
                 raise ConfigError(f"algo.world_model is set but online_algo={self.online_algo}: imagined rollouts "
@@ -192,7 +194,7 @@ class Runner:
 
     def _eval_seed(self) -> int:
         """The first eval start state: the same at every eval, so comparisons across evals are paired."""
-        return eval_seed(self.cfg.seed)
+        return eval_seed(self.cfg.seed) + self.cfg.eval_first_episode
 
     def _chunk_fn(self, seed: int):
         """Evaluation's chunk policy: fresh noise for every chunk, as Diffusion Policy, DPPO, FQL and QC

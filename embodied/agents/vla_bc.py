@@ -270,7 +270,7 @@ class VLAFinetuneRunner(VLARunner):
         self.before_finetune = None
 
     def _eval_seed(self) -> int:
-        return eval_seed(0)
+        return eval_seed(0) + self.cfg.eval_first_episode
 
     def _before(self) -> dict:
         """The eval that "before" reads: the end of pretraining."""

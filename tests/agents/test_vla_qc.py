@@ -239,31 +239,40 @@ def test_vla_qc_fine_tunes_one_task_and_evaluates_every_task(tmp_path, monkeypat
     subprocess.run([sys.executable, str(REPO / "benchmarks" / "vla_finetune.py"), "--recompute", str(out)],
                    check=True, cwd=REPO, timeout=120)
     assert json.loads(out.read_text())["tables"] == result["tables"]   # rebuilt from the jobs alone
-    # --before: "before" from a larger eval of the same policy (benchmarks/vla_eval_sets.py), not the run's own
+    # --slices --before: seed k evaluates its own start states (eval.first_episode = k E), and "before" is a
+    # benchmarks/vla_eval_sets.py eval of the same policy on all of them, not the run's own first E
+    script = lambda *extra, **kw: subprocess.run([sys.executable, str(REPO / "benchmarks" / "vla_finetune.py"), *extra],
+                                                 cwd=REPO, timeout=600, capture_output=True, text=True, **kw)
     before = tmp_path / "before.json"
     subprocess.run([sys.executable, str(REPO / "benchmarks" / "vla_eval_sets.py"), "--policy",
-                    str(tmp_path / "run" / "policy"), "--env", "cube-single", "--tasks", "1", "2", "--episodes", "3",
+                    str(tmp_path / "run" / "policy"), "--env", "cube-single", "--tasks", "1", "2", "--episodes", "2",
                     "--sets", "none", "--out", str(before)], check=True, cwd=REPO, timeout=600)
-    subprocess.run([sys.executable, str(REPO / "benchmarks" / "vla_finetune.py"), "--recompute", str(out),
-                    "--before", str(before)], check=True, cwd=REPO, timeout=120)
-    rebuilt = json.loads(out.read_text())
+    unsliced = script("--recompute", str(out), "--before", str(before))
+    assert unsliced.returncode != 0 and "--before and --slices go together" in unsliced.stderr
+    sliced_out = tmp_path / "sliced.json"
+    sliced = script("--pretrained", str(tmp_path / "run"), "--tasks", "1", "--seeds", "2", "--online-steps", "16",
+                    "--dataset-size", "300", "--out", str(tmp_path / "sliced"), "--json", str(sliced_out), "--slices",
+                    "--before", str(before), "--", *overrides)
+    assert sliced.returncode == 0, sliced.stderr[-2000:]
+    assert "eval.first_episode=1" in sliced.stdout and "eval.first_episode=0" in sliced.stdout   # E = 1 per seed
+    rebuilt = json.loads(sliced_out.read_text())
     evaluated = json.loads(before.read_text())["sets"]["none"]["task_success"]
-    assert rebuilt["before_eval"] == str(before) and rebuilt["tables"]["1"]["episodes_before"] == 3
+    assert rebuilt["slices"] and rebuilt["tables"]["1"]["episodes_before"] == 2
     assert rebuilt["tables"]["1"]["before"]["per_seed"] == [evaluated["1"]]
     assert rebuilt["tables"]["1"]["other_tasks_before"]["per_seed"] == [evaluated["2"]]
-    assert rebuilt["tables"]["1"]["after"] == result["tables"]["1"]["after"]
+    too_few = script("--pretrained", str(tmp_path / "run"), "--tasks", "1", "--seed-list", "0", "--online-steps", "16",
+                     "--dataset-size", "300", "--out", str(tmp_path / "sliced"), "--json", str(tmp_path / "few.json"),
+                     "--slices", "--before", str(before), "--", *overrides)   # seed 0 reused; 1 state, not 2
+    assert too_few.returncode != 0 and "must cover exactly seeds 0..n-1 x 1 states; it has 2" in too_few.stderr
     # a "before" measured with another sampler than the route acts with is refused (vla_qc: the policy's own 10)
     other_sampler = tmp_path / "before_k2.json"
     subprocess.run([sys.executable, str(REPO / "benchmarks" / "vla_eval_sets.py"), "--policy",
-                    str(tmp_path / "run" / "policy"), "--env", "cube-single", "--tasks", "1", "2", "--episodes", "1",
+                    str(tmp_path / "run" / "policy"), "--env", "cube-single", "--tasks", "1", "2", "--episodes", "2",
                     "--sets", "none", "--flow-steps", "2", "--out", str(other_sampler)], check=True, cwd=REPO, timeout=600)
     assert json.loads(other_sampler.read_text())["flow_steps"] == 2
-    refused = subprocess.run([sys.executable, str(REPO / "benchmarks" / "vla_finetune.py"), "--recompute", str(out),
-                              "--before", str(other_sampler)], cwd=REPO, timeout=120, capture_output=True, text=True)
-    assert refused.returncode != 0 and "evaluated at 2 flow steps, and vla_qc acts at 10" in refused.stderr and "--flow-steps 10" in refused.stderr
-    wrong = subprocess.run([sys.executable, str(REPO / "benchmarks" / "vla_finetune.py"), "--pretrained",
-                            str(tmp_path / "other"), "--before", str(before), "--tasks", "1"],
-                           cwd=REPO, timeout=120, capture_output=True, text=True)
+    refused = script("--recompute", str(sliced_out), "--before", str(other_sampler))
+    assert refused.returncode != 0 and "evaluated at 2 flow steps, and vla_qc acts at 10" in refused.stderr
+    wrong = script("--pretrained", str(tmp_path / "other"), "--slices", "--before", str(before), "--tasks", "1")
     assert wrong.returncode != 0 and "not " + str(tmp_path / "other" / "policy") in wrong.stderr
     lines = (tmp_path / "sweep" / "task1_s0" / "metrics.jsonl").read_text().splitlines()
     assert not any(json.loads(line)["phase"] == "offline" and json.loads(line)["kind"] == "train" for line in lines)
@@ -296,3 +305,17 @@ def test_vla_qc_with_critic_pretraining_and_lora_trains_both_and_saves_a_plain_p
     weights = saved.state_dict()
     assert not torch.equal(weights["action_out.0.weight"], pretrained["actor.action_out.0.weight"])   # the head
     assert not torch.equal(weights["backbone.blocks.0.qkv.weight"], pretrained["actor.backbone.blocks.0.qkv.weight"])
+
+
+def test_eval_first_episode_shifts_every_eval_start_state_by_that_many_episodes():
+    """`eval.first_episode` (vla_finetune --slices): seed k's evals start k E episodes into the shared states."""
+    from embodied.agents.runner import Runner, eval_seed
+    from embodied.agents.vla_bc import VLAFinetuneRunner
+
+    runner = SimpleNamespace(cfg=SimpleNamespace(seed=2, eval_first_episode=20))
+    assert Runner._eval_seed(runner) == eval_seed(2) + 20
+    assert VLAFinetuneRunner._eval_seed(runner) == eval_seed(0) + 20   # fine-tunes share the seed-0 states
+    runner._eval_seed = lambda: VLAFinetuneRunner._eval_seed(runner)
+    assert VLAFinetuneRunner._task_seed(runner, 8) == eval_seed(0) + 20 + 800   # task 8's slice
+    with pytest.raises(ConfigError, match=r"eval.first_episode=90 \+ eval.episodes=20 is over 100"):
+        check_config(compose_train([*VLA_QC_TINY, "eval.first_episode=90", "eval.episodes=20"]))
