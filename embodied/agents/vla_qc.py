@@ -479,7 +479,7 @@ class VLAQCRunner(VLAFinetuneRunner):
                 # pretrained policy's mean action), against the samples' own spread around it
                 drift_mean, spread_mean = np.mean(acting, 0)
                 learned = {}
-                if learns:   # how far the VLA itself moved, on online states
+                if learns and len(replay):   # how far the VLA itself moved, on online states
                     learned = {**(mean_metrics(bc_window) if bc_window else {}),
                                "finetune/vla_distance": agent.vla_distance(replay.sample_inputs(min(len(replay), 32)))}
                 self.logger.log({**(mean_metrics(window) if window else {}), **learned,
