@@ -24,7 +24,7 @@ from benchmarks.machine import cpu_info, uptime  # noqa: E402
 import policies  # noqa: E402
 import sims  # noqa: E402
 from embodied.agents.runner import eval_seed  # noqa: E402
-from embodied.agents.vla_bc import evaluate_tasks  # noqa: E402
+from embodied.agents.vla_bc import TASK_SEED_STRIDE, evaluate_tasks  # noqa: E402
 from embodied.stats import wilson  # noqa: E402
 from sims.manip_variations import VARIATIONS  # noqa: E402
 
@@ -63,7 +63,7 @@ def main(argv=None) -> dict:
     result.setdefault("sets", {})
     result.setdefault("commands", []).append(" ".join(["python benchmarks/vla_eval_sets.py", *(argv or sys.argv[1:])]))
     result.pop("command", None)
-    first_seed = lambda task: eval_seed(args.seed) + 100 * task      # VLARunner._task_seed
+    first_seed = lambda task: eval_seed(args.seed) + TASK_SEED_STRIDE * task      # VLARunner._task_seed
 
     def chunk_fn(seed: int):
         generator = torch.Generator().manual_seed(seed)

@@ -91,16 +91,21 @@ def read_before_eval(path: Path, pretrained: Path, env: str, algo: str, override
             "task_success": {int(t): v for t, v in data["sets"]["none"]["task_success"].items()}}
 
 
+def check_pairing(before: bool, slices: bool) -> None:
+    if before != slices:
+        raise SystemExit("--before and --slices go together: a 'before' over more start states than the fine-tunes' "
+                         "evals is not paired with them unless each seed evaluates its own slice of those states")
+
+
 def make_tables(jobs: list[dict], tasks: list[int], algo: str, pretrained: Path, before_eval: dict | None = None,
                 slices: bool = False) -> dict:
     """Per fine-tuned task: before, after and the other tasks, pooled over seeds. With `slices` each seed k
     was evaluated on its own start states (k E .. (k + 1) E - 1), and `before_eval` (`read_before_eval`),
     the pretrained policy on all of them, replaces the runs' own "before" (their first E states only)."""
-    if (before_eval is None) != (not slices):
-        raise SystemExit("--before and --slices go together: a 'before' over more start states than the fine-tunes' "
-                         "evals is not paired with them unless each seed evaluates its own slice of those states")
+    check_pairing(before_eval is not None, slices)
     tables = {}
-    first = before_episodes(algo, pretrained, jobs[0]["episodes"]) if jobs else 0   # one pretraining for all
+    # one pretraining for all; its own eval is "before" only without a --before eval
+    first = before_episodes(algo, pretrained, jobs[0]["episodes"]) if jobs and before_eval is None else 0
     for task in tasks:
         runs = [j for j in jobs if j["task"] == task]
         if not runs:
@@ -180,8 +185,7 @@ def main() -> None:
         return
     if args.pretrained is None:
         parser.error("--pretrained is required (a vla_bc run with the flow head)")
-    if args.slices != bool(args.before):
-        parser.error("--before and --slices go together (a larger 'before' is paired only with per-seed slices)")
+    check_pairing(bool(args.before), args.slices)   # before any fine-tuning, not after the sweep
     episodes = next((int(o.split("=", 1)[1]) for o in args.overrides if o.startswith("eval.episodes=")), 10)
     if args.slices and any(o.startswith("eval.first_episode=") for o in args.overrides):
         parser.error("--slices sets eval.first_episode per seed: drop it from the overrides")
@@ -201,8 +205,9 @@ def main() -> None:
                    "logger=jsonl", "progress=false", f"threads={args.threads}", f"hydra.run.dir={run_dir}",
                    *([f"eval.first_episode={seed * episodes}"] if args.slices else []), *args.overrides]
         record = root / f"task{task}_s{seed}.json"   # a finished job of the same command is reused, not rerun
-        if record.exists() and json.loads(record.read_text()).get("command") == command[2:]:
-            job = json.loads(record.read_text())["job"]
+        done = json.loads(record.read_text()) if record.exists() else {}
+        if done.get("command") == command[2:]:
+            job = done["job"]
             print(f"  task {task} seed {seed}: reused {record} ({job['success_before']:.2f} -> "
                   f"{job['success_after']:.2f})", flush=True)
             return job

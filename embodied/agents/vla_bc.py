@@ -148,6 +148,9 @@ def suite_tasks(env_tasks) -> list[int]:
     return tasks
 
 
+TASK_SEED_STRIDE = 100   # start seeds per suite task: task k's evals start at the run's eval seed + 100 k
+
+
 class VLARunner(Runner):
     """The runner's offline loop, checkpoints and summary, with the suite's image demos as the offline
     source and an evaluator that loops over the suite's tasks (rendered frames and instructions)."""
@@ -168,7 +171,7 @@ class VLARunner(Runner):
         return suite_env_kwargs(self.offline_agent.cfg, task, variation)
 
     def _task_seed(self, task: int) -> int:
-        return self._eval_seed() + 100 * task
+        return self._eval_seed() + TASK_SEED_STRIDE * task
 
     def _task_policy(self, seed: int):
         """A per-step policy over observation dicts (one env): chunks executed open-loop, fresh noise."""

@@ -53,6 +53,7 @@ from embodied.agents.nets import CriticEnsemble, adam, soft_update, to_torch
 from embodied.agents.runner import mean_metrics
 from embodied.agents.vla_bc import VLAFinetuneRunner, check_online_reward, merge_adapters, prepare_finetune
 from embodied.constants import STATE_KEY, TASK_KEY, image_key
+from embodied.data.suite import chunk_steps
 from embodied.errors import ConfigError
 from embodied.evaluation import stack_observations
 
@@ -130,8 +131,8 @@ class VLAQC(Agent):
         super().__init__(obs_dim, act_dim, cfg, device, seed)
         torch.manual_seed(seed)  # critic init
         self.reference = copy.deepcopy(vla).requires_grad_(False).eval() if self.learns else None
-        trainable = prepare_finetune(vla, cfg.finetune, cfg.lora_rank, cfg.lora_alpha) if self.learns else []
-        self.actor = vla.requires_grad_(False).eval() if not self.learns else vla.eval()   # what deploys
+        trainable = prepare_finetune(vla, cfg.finetune, cfg.lora_rank, cfg.lora_alpha)   # frozen: none
+        self.actor = vla.eval()   # what deploys
         self.actor_optimizer = adam(trainable, cfg.lr) if trainable else None   # QC: one lr for actor and critic
         self.horizon = horizon
         self.chunk_horizon = self.execute_horizon = horizon
@@ -320,11 +321,9 @@ def demo_chunks(demos, horizon: int, step_rewards: np.ndarray, rows: int, rng: n
     success = demos.terminals[last].astype(bool)         # the episode ends in success at its last step
     eligible = np.flatnonzero(inside | success)
     chosen = np.sort(rng.choice(eligible, min(rows, len(eligible)), replace=False))
-    steps = chosen[:, None] + np.arange(horizon)[None]
-    valid = steps <= last[chosen][:, None]
-    index = np.minimum(steps, last[chosen][:, None])
+    index, valid = chunk_steps(chosen, last, horizon)
     ends = ~inside[chosen]
-    terminals = (ends[:, None] & (steps >= last[chosen][:, None])).astype(np.float32)
+    terminals = (ends[:, None] & (index == last[chosen][:, None])).astype(np.float32)   # the success step on
     return {"start": chosen, "actions": demos.actions[index], "valid": valid.astype(np.float32),
             "rewards": (step_rewards[index] * valid).astype(np.float32), "terminals": terminals,
             "next_index": np.where(ends, -1, chosen + horizon)}

@@ -59,13 +59,19 @@ class SuiteDemos:
 
     def sample_chunks(self, batch_size: int, horizon: int) -> dict:
         start = self.rng.integers(0, len(self), batch_size)
-        steps = start[:, None] + np.arange(horizon)[None]
-        valid = steps <= self.last[start][:, None]
-        steps = np.minimum(steps, self.last[start][:, None])
+        steps, valid = chunk_steps(start, self.last, horizon)
         batch = {STATE_KEY: self.states[start], TASK_KEY: [self.instructions[i] for i in start],
                  "actions": self.actions[steps], "valid": valid.astype(np.float32)}
         batch.update({image_key(cam): frames[start] for cam, frames in self.images.items()})
         return batch
+
+
+def chunk_steps(start: np.ndarray, last: np.ndarray, horizon: int) -> tuple[np.ndarray, np.ndarray]:
+    """The demo steps [B, horizon] of chunks from `start`, held at each episode's last step (`last`, per step),
+    and `valid` [B, horizon]: the steps still inside the episode."""
+    steps = np.asarray(start)[:, None] + np.arange(horizon)[None]
+    end = last[start][:, None]
+    return np.minimum(steps, end), steps <= end
 
 
 def episode_last_index(ends: np.ndarray) -> np.ndarray:
