@@ -48,6 +48,16 @@ def last_online_mean(metrics: Path, key: str, records: int = 3) -> float | None:
     return round(sum(values) / len(values), 4) if values else None
 
 
+def eval_episodes(algo: str, env: str, overrides: list[str]) -> int:
+    """The jobs' eval.episodes, from the composed config (the overrides, else the algo's or train.yaml's)."""
+    from hydra import compose, initialize_config_dir
+
+    from embodied.train import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return int(compose(config_name="train", overrides=[f"algo={algo}", f"env={env}", *overrides]).eval.episodes)
+
+
 def before_episodes(algo: str, pretrained: Path, episodes: int) -> int:
     """Episodes behind "before": vla_qc reads the pretraining's end-of-offline eval (its own eval.episodes),
     vla_ppo its online step-0 eval (the fine-tune's)."""
@@ -186,7 +196,7 @@ def main() -> None:
     if args.pretrained is None:
         parser.error("--pretrained is required (a vla_bc run with the flow head)")
     check_pairing(bool(args.before), args.slices)   # before any fine-tuning, not after the sweep
-    episodes = next((int(o.split("=", 1)[1]) for o in args.overrides if o.startswith("eval.episodes=")), 10)
+    episodes = eval_episodes(args.algo, args.env, args.overrides)
     if args.slices and any(o.startswith("eval.first_episode=") for o in args.overrides):
         parser.error("--slices sets eval.first_episode per seed: drop it from the overrides")
     before = read_before_eval(args.before, args.pretrained, args.env, args.algo,
