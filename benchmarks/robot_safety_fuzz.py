@@ -57,7 +57,7 @@ def make_action(kind: str, mode: str, rng, direction: np.ndarray, obs: dict, cfg
     return np.append(move, grip)
 
 
-PEAKS = ("peak_speed_ratio", "peak_acc_ratio", "peak_box_excess_m")
+PEAKS = ("peak_speed_ratio", "peak_acc_ratio", "peak_box_excess_m", "peak_cmd_late_s")  # late: not a goal, a cause
 
 
 def fold_peaks(robot, overall: dict) -> dict:
@@ -179,6 +179,7 @@ def main() -> None:
         r = rows[-1]
         print(f"{mode:15s} {r['commands']} commands in {r['wall_s']} s: peak speed {r['peak_speed_ratio']:.3f}x, "
               f"peak acc {r['peak_acc_ratio']:.3f}x, box excess {r['peak_box_excess_m'] * 1e3:.1f} mm, "
+              f"latest command {r['peak_cmd_late_s'] * 1e3:.1f} ms after due, "
               f"holds {r['holds_rearmed']}, goals {'met' if r['goals_met'] else 'NOT met'}", flush=True)
         print("   safety:", r["safety"]["by_kind"], flush=True)
         print("   box excess by what ended the stretch:", r["box_excess_m_by_what_ended_the_stretch"], flush=True)

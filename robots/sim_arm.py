@@ -1,7 +1,7 @@
 """The simulated arm as a `Robot`: the client side of a `robots.sim_server` process.
 
-`SimArm` starts the server (`python -m robots.sim_server`), sends commands on a ZeroMQ PAIR socket and
-reads the newest published state, with the same observation keys as the real drivers. End-effector
+`SimArm` starts the server (`python -m robots.sim_server`), sends commands as frames on a TCP socket
+(`robots.wire.send_frame`) and reads the newest state published on ZeroMQ, with the same observation keys as the real drivers. End-effector
 deltas are solved here (`ArmModel.ik`) to joint targets that pass the joint safety checks first; the
 server's own command deadline, protective stop on self-collision and measured peaks are mirrored
 into the robot's lifecycle and `server_state()`. See `robots.sim_server` for what the server models.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +29,7 @@ from embodied.constants import STATE_KEY, image_key
 from robots.base import Robot
 from robots.sim_model import ArmModel
 from robots.types import Command, ControlMode, RobotConfig, RobotFault
+from robots.wire import send_frame
 
 
 class SimArm(Robot):
@@ -59,10 +61,9 @@ class SimArm(Robot):
             self._proc.kill()
             raise RobotFault(f"sim arm server did not start (said {line!r})")
         self.port, state_port = (int(v) for v in line.split()[1:3])
+        self._sock = socket.create_connection(("127.0.0.1", self.port), timeout=5.0)  # commands
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.PAIR)   # commands
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.connect(f"tcp://127.0.0.1:{self.port}")
         self._sub = self._ctx.socket(zmq.SUB)     # state: only the newest message is kept
         self._sub.setsockopt(zmq.CONFLATE, 1)
         self._sub.setsockopt(zmq.SUBSCRIBE, b"")
@@ -105,7 +106,10 @@ class SimArm(Robot):
 
     def _send(self, msg: dict) -> None:
         with self._send_lock:
-            self._sock.send(msgpack.packb(msg))
+            try:
+                send_frame(self._sock, msgpack.packb(msg))
+            except OSError as err:  # the server died or stopped reading for the socket timeout
+                raise RobotFault(f"sim arm server link lost ({type(err).__name__}: {err})") from None
 
     def _disconnect(self) -> None:
         try:

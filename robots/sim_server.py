@@ -3,9 +3,11 @@
 The server process (`python -m robots.sim_server`, started by `robots.sim_arm.SimArm`) steps the
 UR5e + Robotiq 2F-85 model (`robots.sim_model`) in real time at `sim.server_rate_hz` (500 Hz, UR's
 RTDE rate), tracks joint targets with the model's position servos plus gravity compensation, and
-publishes its state every tick. It talks to the controller over ZeroMQ on 127.0.0.1 with msgpack messages, like a real arm
-on a network (commands on a PAIR socket; state on PUB/SUB where the reader keeps only the newest
-message, so a slow reader never sees a stale backlog), and can misbehave on purpose:
+publishes its state every tick. It talks to the controller on 127.0.0.1 with msgpack messages, like a
+real arm on a network: commands as length-prefixed frames on a TCP socket that the server's loop reads itself (so the kernel
+queues what is sent while the process stalls; `robots.wire.FrameReader`), state on ZeroMQ PUB/SUB where
+the reader keeps only the newest message, so a slow reader never sees a stale backlog. It can misbehave
+on purpose:
 
 - `latency_ms` + `jitter_ms` (uniform in [0, jitter]) delay commands and state in both directions;
 - `drop_prob` drops command and state packets (control messages such as hold/e-stop are reliable,
@@ -45,6 +47,7 @@ import collections
 import heapq
 import json
 import os
+import socket
 import time
 
 import msgpack
@@ -55,6 +58,9 @@ import zmq
 from robots.geometry import box_distance_m
 from robots.sim_model import GRIPPER_OPEN_M, ArmModel
 from robots.types import ControlMode, RobotConfig
+from robots.wire import FrameReader
+
+MAX_COMMAND_BYTES = 1 << 16  # a command frame over this closes the link
 
 
 def _sent_s(msg: dict, now: float) -> float:
@@ -112,12 +118,14 @@ class SimArmServer:
         self.servo_lead_s = -self.model.actuator_biasprm[:6, 2] / act  # kv / kp of the position servos
         self.grip_ctrl = 0.0
         self.mode, self.t_hold_s = "hold", None
+        # commands: one controller on a plain TCP socket this loop reads itself (`robots.wire.FrameReader`),
+        # so what is sent while the process stalls is queued by the kernel and met when due (`_receive`)
+        self.listener = socket.create_server(("127.0.0.1", port))
+        self.listener.setblocking(False)
+        self.port = self.listener.getsockname()[1]
+        self.link: FrameReader | None = None
         self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.PAIR)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.MAXMSGSIZE, 1 << 16)
         addr = "tcp://127.0.0.1"
-        self.port = self.sock.bind_to_random_port(addr) if port == 0 else (self.sock.bind(f"{addr}:{port}") or port)
         # state goes out on PUB: a slow or absent reader never builds a backlog here (PUB drops), and the
         # reader's SUB keeps only the newest message (CONFLATE), so a reading is never an old queued one
         self.pub = self.ctx.socket(zmq.PUB)
@@ -334,15 +342,12 @@ class SimArmServer:
         (1.2 after this change), the likely source of the 39 mm box excess of issue 14's fuzz. Other
         messages are due at once.
 
-        Still open: after a stall the missed ticks run before ZeroMQ's I/O thread (stopped with this
-        loop) hands over the commands sent meanwhile, so those are met 10-50 ms late
-        (`peak_cmd_late_s`). Sleeping 2 ms before catching up met them on time but made the loaded
-        joint_velocity fuzz worse (box excess 16-22 mm against 11-21), so it was not kept."""
-        while True:
-            try:
-                raw = self.sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
+        The command socket is read here, not by a ZeroMQ I/O thread: that thread stopped with this loop
+        and handed over the commands sent during a stall only after the missed ticks had run, so they
+        were met 10-50 ms late (`peak_cmd_late_s`); the kernel queues them on a plain socket, so the
+        first catch-up tick sees them all. (Sleeping 2 ms before catching up also met them, but made every
+        short delay longer on a loaded machine.)"""
+        for raw in self._frames():
             try:
                 msg = msgpack.unpackb(raw, raw=False)
                 op = msg["op"]
@@ -363,6 +368,19 @@ class SimArmServer:
             if not self._apply(msg, tick_s):
                 return False
         return True
+
+    def _frames(self) -> list[bytes]:
+        """The command frames that arrived; the first controller to connect is the only one served."""
+        if self.link is None and self.listener is not None:
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return []
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.link = FrameReader(conn, MAX_COMMAND_BYTES)
+            self.listener.close()
+            self.listener = None
+        return [] if self.link is None else self.link.read()
 
     def _apply(self, msg: dict, now: float) -> bool:
         op = msg["op"]
@@ -555,7 +573,9 @@ class SimArmServer:
                         self.stats["time_lost_s"] += -sleep
                         next_t = time.monotonic()
         finally:
-            self.sock.close()
+            for sock in (self.listener, self.link.sock if self.link else None):
+                if sock is not None:
+                    sock.close()
             self.pub.close()
             self.ctx.term()
             if self.scene is not None:

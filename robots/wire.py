@@ -4,10 +4,13 @@ Arrays travel as {"__nd__": True, "dtype": "<f4", "shape": [...], "data": bytes}
 dtypes are accepted on decode; anything else in a message must be msgpack-native (str, int, float,
 bool, None, lists, dicts). `unpack` raises `WireError` (an `OversizedError` for a message over the
 limit) for anything else, never another exception, so a peer's bytes cannot crash the reader.
+`send_frame` / `FrameReader` carry the sim arm's commands as length-prefixed frames on a plain TCP socket.
 """
 from __future__ import annotations
 
 import math
+import socket
+import struct
 
 import msgpack
 import numpy as np
@@ -71,3 +74,49 @@ def unpack(raw: bytes, max_bytes: int) -> dict:
     if not isinstance(message, dict):
         raise WireError("a message must be a map")
     return message
+
+
+# --- length-prefixed frames over a plain TCP socket --------------------------------------------------
+# The sim arm's command link. Its loop reads the socket itself: the kernel keeps receiving while the
+# process is stopped, so after a stall every command sent meanwhile is there at the first read.
+# (A ZeroMQ socket hands messages over from an I/O thread that stops with the process and wakes after
+# the loop has already caught up, so those commands were met 10-50 ms late; issue 14.)
+FRAME_HEADER = struct.Struct("!I")
+
+
+def send_frame(sock: socket.socket, payload: bytes) -> None:
+    sock.sendall(FRAME_HEADER.pack(len(payload)) + payload)
+
+
+class FrameReader:
+    """Frames from a non-blocking stream socket; `read()` never blocks. A frame over `max_bytes`
+    closes the link (as ZeroMQ's MAXMSGSIZE does): its stream can no longer be trusted."""
+
+    def __init__(self, sock: socket.socket, max_bytes: int):
+        sock.setblocking(False)
+        self.sock, self.max_bytes, self.buf = sock, max_bytes, bytearray()
+        self.closed = False
+
+    def read(self) -> list[bytes]:
+        while not self.closed:
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.closed = True
+                break
+            self.buf += chunk
+        frames = []
+        while len(self.buf) >= FRAME_HEADER.size:
+            (size,) = FRAME_HEADER.unpack_from(self.buf)
+            if size > self.max_bytes:
+                self.closed, self.buf = True, bytearray()
+                break
+            if len(self.buf) < FRAME_HEADER.size + size:
+                break
+            frames.append(bytes(self.buf[FRAME_HEADER.size:FRAME_HEADER.size + size]))
+            del self.buf[:FRAME_HEADER.size + size]
+        return frames

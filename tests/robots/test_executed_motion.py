@@ -284,6 +284,44 @@ def test_braking_into_a_joint_limit_the_arm_follows_its_reference_to_rest(joint,
 
 
 @pytest.mark.slow
+def test_commands_sent_while_the_sim_server_stalls_are_met_when_due():
+    """The server process stops (SIGSTOP, as a loaded machine deschedules it) while the controller keeps
+    sending at its rate. Resumed, the server runs its missed ticks back to back; each command sent
+    meanwhile must be met at the tick it was due, not after the catch-up. Over ZeroMQ the commands sat
+    in its I/O thread, stopped with the loop, and were met 10-50 ms late (`peak_cmd_late_s`): in
+    joint_velocity nothing re-anchors that, so the arm's rest drifted from the chain's (issue 14). The
+    command socket is now one the loop reads itself, and the kernel queues datagrams while it is stopped."""
+    cfg = robots.load_config("sim_ur5e")
+    cfg["control_mode"] = "joint_velocity"
+    push = np.zeros(7)
+    push[5], push[6] = 0.3, 0.085
+    tick_s = 1.0 / float(cfg["sim"]["server_rate_hz"])
+    late = []
+    with robots.make(cfg) as robot:
+        robot.arm()
+        for stall in range(10):
+            robot.reset_peaks()
+            for _ in range(5):
+                robot.send_action(push)
+            pid = robot._proc.pid
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                for _ in range(3 + stall % 5):   # 30-70 ms of commands while the server is stopped
+                    robot.send_action(push)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            for _ in range(5):
+                robot.send_action(push)
+            time.sleep(0.05)
+            state = robot.server_state()
+            assert state["time_lost_s"] == 0.0 and robot.state is State.ARMED
+            late.append(state["peak_cmd_late_s"])
+            push[5] = -push[5]
+    # every stall's commands within a few ticks of when they were due: before, 1-2 stalls in 10 had them
+    # met 25-48 ms late (three runs, load 3.5 on 2 cores); after, at most 4.3 ms (two runs, same load)
+    assert max(late) <= 5 * tick_s, late
+
+
 def test_after_a_stall_the_sim_arm_runs_each_command_when_it_was_sent():
     """The sim arm server stalls (SIGSTOP) while the controller sends a velocity command, waits 30 ms and
     sends the next: the chain, which saw the second one come late, ages its reference along the stop the
