@@ -18,11 +18,18 @@ import torch
 from torch import nn
 
 
+THIN_MAX_COLS = 32  # results at most this wide (and taller than wide) are computed transposed
+
+
 def matmul_wide(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b for 2-D or batched 3-D operands, oriented so the result's last dimension is the wide one."""
+    """a @ b for 2-D or batched 3-D operands, oriented so the result's last dimension is the wide one.
+
+    Only thin results (an output layer, an observation's input gradient) are turned: a [rows, 256] result
+    at rows >> 256 (CQL's 31 actions per state) runs as fast either way, and its transposed view made the
+    ReLU backward that reads it next ~10x slower (a strided pass against a contiguous mask)."""
     if a.shape[-1] == 1:  # rank-1 (outer) product: a broadcast multiply, no BLAS call
         return a * b
-    if b.shape[-1] < a.shape[-2]:  # thin result: compute its transpose, which is wide
+    if b.shape[-1] < a.shape[-2] and b.shape[-1] <= THIN_MAX_COLS:  # thin result: compute its transpose
         return _mm(b.transpose(-1, -2), a.transpose(-1, -2)).transpose(-1, -2)
     return _mm(a, b)
 

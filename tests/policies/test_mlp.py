@@ -17,6 +17,16 @@ def test_matmul_wide_is_a_matmul_in_any_orientation(a_shape, b_shape):
     torch.testing.assert_close(matmul_wide(b.transpose(-1, -2), a.transpose(-1, -2)), (a @ b).transpose(-1, -2))
 
 
+def test_only_thin_results_come_back_transposed():
+    """A tall [rows, 256] result (CQL's 31 actions per state) must come back contiguous: as a transposed
+    view it made the ReLU backward that reads it next ~10x slower. Thin ones keep the fast orientation."""
+    tall = matmul_wide(torch.randn(2, 2000, 64), torch.randn(2, 64, 256))
+    assert tall.is_contiguous()
+    assert matmul_wide(torch.randn(2000, 64), torch.randn(64, 256)).is_contiguous()
+    thin = matmul_wide(torch.randn(2, 2000, 64), torch.randn(2, 64, 11))   # an input gradient: turned
+    assert not thin.is_contiguous() and thin.transpose(-1, -2).is_contiguous()
+
+
 def _values_and_grads(module, inputs, forward):
     for p in module.parameters():
         p.grad = None
