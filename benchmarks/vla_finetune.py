@@ -11,7 +11,8 @@ gives seed k its own E start states (k E .. (k + 1) E - 1, E = eval.episodes) an
 `benchmarks/vla_eval_sets.py` eval of the same policy on all n E of them: both sides then cover the same n E
 start states, where without it every seed repeats the pretraining eval's first E. Each finished
 job leaves `<out>/task<T>_s<S>.json`; a later call with the same `--out` and command reuses it, so seeds can be
-added (`--seed-list`) or an interrupted sweep finished without rerunning what is done.
+added (`--seed-list`) or an interrupted sweep finished without rerunning what is done. Calls that share an
+`--out` may run side by side: a job another call is running waits for it (`<out>/task<T>_s<S>.lock`).
 
     python benchmarks/vla_finetune.py --pretrained RUN --tasks 2 4 --seeds 3 --online-steps 3000 \
         -- eval.episodes=10 budget.batch_size=256
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -46,6 +48,35 @@ def last_online_mean(metrics: Path, key: str, records: int = 3) -> float | None:
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     values = [line[key] for line in lines if line.get("phase") == "online" and key in line][-records:]
     return round(sum(values) / len(values), 4) if values else None
+
+
+class JobLock:
+    """One invocation at a time per job under a shared --out: the second waits, then reuses the first's
+    record. A lock left by a process that is gone is taken over."""
+
+    def __init__(self, path: Path, poll_s: float = 5.0):
+        self.path, self.poll_s = path, poll_s
+
+    def __enter__(self):
+        while True:
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                try:
+                    os.kill(int(self.path.read_text() or 0), 0)
+                except (ProcessLookupError, ValueError, FileNotFoundError):
+                    self.path.unlink(missing_ok=True)   # its owner died: take it over
+                    continue
+                except PermissionError:
+                    pass
+                time.sleep(self.poll_s)
+                continue
+            os.write(fd, str(os.getpid()).encode())
+            os.close(fd)
+            return self
+
+    def __exit__(self, *exc):
+        self.path.unlink(missing_ok=True)
 
 
 def eval_episodes(algo: str, env: str, overrides: list[str]) -> int:
@@ -215,16 +246,20 @@ def main() -> None:
                    "logger=jsonl", "progress=false", f"threads={args.threads}", f"hydra.run.dir={run_dir}",
                    *([f"eval.first_episode={seed * episodes}"] if args.slices else []), *args.overrides]
         record = root / f"task{task}_s{seed}.json"   # a finished job of the same command is reused, not rerun
-        done = json.loads(record.read_text()) if record.exists() else {}
-        if done.get("command") == command[2:]:
-            job = done["job"]
-            print(f"  task {task} seed {seed}: reused {record} ({job['success_before']:.2f} -> "
-                  f"{job['success_after']:.2f})", flush=True)
-            return job
-        print(f"[task {task} seed {seed}] {' '.join(command[2:])}", flush=True)
-        started = time.time()
-        with open(root / f"task{task}_s{seed}.log", "w") as log:
-            code = subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
+        with JobLock(root / f"task{task}_s{seed}.lock"):   # another invocation on this --out may be running it
+            done = json.loads(record.read_text()) if record.exists() else {}
+            if done.get("command") == command[2:]:
+                job = done["job"]
+                print(f"  task {task} seed {seed}: reused {record} ({job['success_before']:.2f} -> "
+                      f"{job['success_after']:.2f})", flush=True)
+                return job
+            print(f"[task {task} seed {seed}] {' '.join(command[2:])}", flush=True)
+            started = time.time()
+            with open(root / f"task{task}_s{seed}.log", "w") as log:
+                code = subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
+            return finish_job(task, seed, code, run_dir, record, command, started)
+
+    def finish_job(task, seed, code, run_dir, record, command, started) -> dict | None:
         if code != 0:
             print(f"  failed ({code}): see {root / f'task{task}_s{seed}.log'}", flush=True)
             return None

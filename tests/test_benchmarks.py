@@ -110,3 +110,36 @@ def test_vla_throughput_times_every_head_and_their_training_step(tmp_path, run_b
     assert {(r["head"], r["batch"]) for r in record["rows"]} == {(h, 1) for h in ("parallel", "flow", "ar", "prefix")}
     assert set(record["train_s_per_1k_steps"]) == {"parallel", "flow", "ar"}
     assert all(v > 0 for v in record["train_s_per_1k_steps"].values()) and "parallel/AR" in printed
+
+
+def test_vla_finetune_job_lock_waits_for_a_live_holder_and_takes_over_a_dead_one(tmp_path):
+    """Two vla_finetune invocations on one --out ran the same seed twice (the second then overwrote the first's
+    run directory); the per-job lock makes the second wait and reuse the record."""
+    import os
+    import threading
+    import time
+
+    from benchmarks.vla_finetune import JobLock
+
+    lock = tmp_path / "task8_s4.lock"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock.write_text(str(dead.pid))               # left by an invocation that was killed
+    with JobLock(lock, poll_s=0.01):
+        assert lock.read_text() == str(os.getpid())
+    assert not lock.exists()
+
+    acquired = []
+
+    def second_invocation():
+        with JobLock(lock, poll_s=0.01):
+            acquired.append(time.monotonic())
+
+    with JobLock(lock, poll_s=0.01):             # a live holder: the other waits until it is released
+        waiter = threading.Thread(target=second_invocation)
+        waiter.start()
+        time.sleep(0.2)
+        assert not acquired
+        released = time.monotonic()
+    waiter.join(timeout=5.0)
+    assert acquired and acquired[0] >= released
