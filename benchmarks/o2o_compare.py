@@ -42,12 +42,9 @@ def job_overrides(task: str, preset: str, seed: int, quick: bool, extra: list[st
 
 def offline_algo(overrides: list[str]) -> str | None:
     """The offline agent a job would pretrain, from its composed config (to know who can share)."""
-    from hydra import compose, initialize_config_dir
+    from embodied.train import compose_train
 
-    from embodied.train import CONF_DIR
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="train", overrides=overrides).algo.offline_algo
+    return compose_train(overrides).algo.offline_algo
 
 
 def run_job(overrides: list[str], run_dir: Path) -> tuple[Path, int, float]:

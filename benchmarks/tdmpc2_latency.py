@@ -42,14 +42,10 @@ PLAN_KEYS = ("latent_dim", "mlp_dim", "enc_dim", "num_q", "num_samples", "num_el
 
 def preset_agent(name: str = "tdmpc2", env: str = "hopper") -> dict:
     """The agent options the train job builds for an algo preset (composed by Hydra, as `embodied.train` does)."""
-    from hydra import compose, initialize_config_dir
-
     from embodied.run_config import runner_config
-    from embodied.train import CONF_DIR
+    from embodied.train import compose_train
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[f"algo={name}", f"env={env}", "bf16=false"])
-    return runner_config(cfg).online_agent
+    return runner_config(compose_train([f"algo={name}", f"env={env}", "bf16=false"])).online_agent
 
 
 def timed(fn, n: int) -> list[tuple[float, float]]:

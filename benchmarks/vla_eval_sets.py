@@ -24,7 +24,8 @@ from benchmarks.machine import cpu_info, uptime  # noqa: E402
 import policies  # noqa: E402
 import sims  # noqa: E402
 from embodied.agents.runner import eval_seed  # noqa: E402
-from embodied.agents.vla_bc import TASK_SEED_STRIDE, evaluate_tasks  # noqa: E402
+from embodied.agents.vla_bc import evaluate_tasks  # noqa: E402
+from embodied.constants import TASK_SEED_STRIDE  # noqa: E402
 from embodied.stats import wilson  # noqa: E402
 from sims.manip_variations import VARIATIONS  # noqa: E402
 

@@ -81,12 +81,9 @@ class JobLock:
 
 def eval_episodes(algo: str, env: str, overrides: list[str]) -> int:
     """The jobs' eval.episodes, from the composed config (the overrides, else the algo's or train.yaml's)."""
-    from hydra import compose, initialize_config_dir
+    from embodied.train import compose_train
 
-    from embodied.train import CONF_DIR
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return int(compose(config_name="train", overrides=[f"algo={algo}", f"env={env}", *overrides]).eval.episodes)
+    return int(compose_train([f"algo={algo}", f"env={env}", *overrides]).eval.episodes)
 
 
 def before_episodes(algo: str, pretrained: Path, episodes: int) -> int:
@@ -238,6 +235,10 @@ def main() -> None:
     machine = {"cpu": cpu_info(), "load_before": uptime()}
 
     def run_job(task: int, seed: int) -> dict | None:
+        with JobLock(root / f"task{task}_s{seed}.lock"):   # another invocation on this --out may be running it
+            return run_job_unlocked(task, seed)
+
+    def run_job_unlocked(task: int, seed: int) -> dict | None:
         run_dir = root / f"task{task}_s{seed}"
         command = [sys.executable, "-m", "embodied.train", f"algo={args.algo}", f"env={args.env}", "dataset=task",
                    f"dataset.size={args.dataset_size}", f"pretrained={args.pretrained}",
@@ -246,20 +247,16 @@ def main() -> None:
                    "logger=jsonl", "progress=false", f"threads={args.threads}", f"hydra.run.dir={run_dir}",
                    *([f"eval.first_episode={seed * episodes}"] if args.slices else []), *args.overrides]
         record = root / f"task{task}_s{seed}.json"   # a finished job of the same command is reused, not rerun
-        with JobLock(root / f"task{task}_s{seed}.lock"):   # another invocation on this --out may be running it
-            done = json.loads(record.read_text()) if record.exists() else {}
-            if done.get("command") == command[2:]:
-                job = done["job"]
-                print(f"  task {task} seed {seed}: reused {record} ({job['success_before']:.2f} -> "
-                      f"{job['success_after']:.2f})", flush=True)
-                return job
-            print(f"[task {task} seed {seed}] {' '.join(command[2:])}", flush=True)
-            started = time.time()
-            with open(root / f"task{task}_s{seed}.log", "w") as log:
-                code = subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
-            return finish_job(task, seed, code, run_dir, record, command, started)
-
-    def finish_job(task, seed, code, run_dir, record, command, started) -> dict | None:
+        done = json.loads(record.read_text()) if record.exists() else {}
+        if done.get("command") == command[2:]:
+            job = done["job"]
+            print(f"  task {task} seed {seed}: reused {record} ({job['success_before']:.2f} -> "
+                  f"{job['success_after']:.2f})", flush=True)
+            return job
+        print(f"[task {task} seed {seed}] {' '.join(command[2:])}", flush=True)
+        started = time.time()
+        with open(root / f"task{task}_s{seed}.log", "w") as log:
+            code = subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
         if code != 0:
             print(f"  failed ({code}): see {root / f'task{task}_s{seed}.log'}", flush=True)
             return None

@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from embodied.constants import TASK_SEED_STRIDE
 from embodied.errors import ConfigError, UserError
 
 _UNSET = object()
@@ -329,13 +330,11 @@ def check_config(cfg: DictConfig) -> None:
     if tasks is not None and cfg.algo.offline_algo != "vla_bc":
         raise ConfigError(f"env.tasks={list(tasks)} makes a multi-task suite, which only algo=vla_bc trains; "
                           f"pick env={cfg.env.name} (one task) for algo={cfg.algo.name}")
-    if tasks is not None:
-        from embodied.agents.vla_bc import TASK_SEED_STRIDE as stride
-
-        if cfg.eval.first_episode + cfg.eval.episodes > stride:
-            raise ConfigError(f"eval.first_episode={cfg.eval.first_episode} + eval.episodes={cfg.eval.episodes} is over "
-                              f"{stride}: a suite's tasks take {stride} start states each (task k's from {stride} k on), "
-                              f"so the slice would reach the next task's; keep first_episode + episodes <= {stride}")
+    if tasks is not None and cfg.eval.first_episode + cfg.eval.episodes > TASK_SEED_STRIDE:
+        stride = TASK_SEED_STRIDE
+        raise ConfigError(f"eval.first_episode={cfg.eval.first_episode} + eval.episodes={cfg.eval.episodes} is over "
+                          f"{stride}: a suite's tasks take {stride} start states each (task k's from {stride} k on), "
+                          f"so the slice would reach the next task's; keep first_episode + episodes <= {stride}")
     if cfg.algo.offline_algo == "vla_bc":
         n = sims.spec(cfg.env.name).num_tasks or 0
         if not n or not tasks or any(not isinstance(t, int) or not 1 <= t <= n for t in tasks):

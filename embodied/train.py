@@ -27,6 +27,15 @@ CONF_DIR = Path(__file__).parent / "conf"
 GROUPS = ("env", "dataset", "algo", "policy", "logger", "experiment")
 
 
+def compose_train(overrides: list[str]) -> DictConfig:
+    """The `train` config these overrides compose to, without starting a job: for tools that read a run's
+    settings (which offline agent a preset pretrains, how many episodes an eval runs)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="train", overrides=overrides)
+
+
 def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 

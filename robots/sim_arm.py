@@ -1,10 +1,11 @@
 """The simulated arm as a `Robot`: the client side of a `robots.sim_server` process.
 
 `SimArm` starts the server (`python -m robots.sim_server`), sends commands as frames on a TCP socket
-(`robots.wire.send_frame`) and reads the newest state published on ZeroMQ, with the same observation keys as the real drivers. End-effector
-deltas are solved here (`ArmModel.ik`) to joint targets that pass the joint safety checks first; the
-server's own command deadline, protective stop on self-collision and measured peaks are mirrored
-into the robot's lifecycle and `server_state()`. See `robots.sim_server` for what the server models.
+(`robots.wire.send_frame`) and reads the newest state published on ZeroMQ, with the same observation
+keys as the real drivers. End-effector deltas are solved here (`ArmModel.ik`) to joint targets that pass
+the joint safety checks first; the server's own command deadline, protective stop on self-collision and
+measured peaks are mirrored into the robot's lifecycle and `server_state()`. See `robots.sim_server` for
+what the server models.
 
 With a task scene (`sim.scene`) `observation.state` is the task's state (what its policies were trained
 on), the camera frames rendered in the server arrive as `observation.images.<camera>` with every

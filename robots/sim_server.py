@@ -4,10 +4,10 @@ The server process (`python -m robots.sim_server`, started by `robots.sim_arm.Si
 UR5e + Robotiq 2F-85 model (`robots.sim_model`) in real time at `sim.server_rate_hz` (500 Hz, UR's
 RTDE rate), tracks joint targets with the model's position servos plus gravity compensation, and
 publishes its state every tick. It talks to the controller on 127.0.0.1 with msgpack messages, like a
-real arm on a network: commands as length-prefixed frames on a TCP socket that the server's loop reads itself (so the kernel
-queues what is sent while the process stalls; `robots.wire.FrameReader`), state on ZeroMQ PUB/SUB where
-the reader keeps only the newest message, so a slow reader never sees a stale backlog. It can misbehave
-on purpose:
+real arm on a network: commands as length-prefixed frames on a TCP socket that the server's loop reads
+itself (so the kernel queues what is sent while the process stalls; `robots.wire.FrameReader`), state
+on ZeroMQ PUB/SUB where the reader keeps only the newest message, so a slow reader never sees a stale
+backlog. It can misbehave on purpose:
 
 - `latency_ms` + `jitter_ms` (uniform in [0, jitter]) delay commands and state in both directions;
 - `drop_prob` drops command and state packets (control messages such as hold/e-stop are reliable,

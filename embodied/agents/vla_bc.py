@@ -26,7 +26,7 @@ import torch
 import policies
 from embodied.agents.base import Agent
 from embodied.agents.runner import CHUNK_EVAL_ENVS, Runner, eval_seed
-from embodied.constants import STATE_KEY
+from embodied.constants import STATE_KEY, TASK_SEED_STRIDE
 from embodied.errors import ConfigError
 from embodied.evaluation import ChunkActor, evaluate, record_video
 from sims.manip_variations import check_variation
@@ -146,9 +146,6 @@ def suite_tasks(env_tasks) -> list[int]:
     if not tasks:
         raise ConfigError("algo=vla_bc trains on a suite: pick env=<name>-suite (env.tasks lists its task ids)")
     return tasks
-
-
-TASK_SEED_STRIDE = 100   # start seeds per suite task: task k's evals start at the run's eval seed + 100 k
 
 
 class VLARunner(Runner):
