@@ -5,6 +5,12 @@ weights and differs only after the switch).
     python benchmarks/switch_ablation.py                       # o2o_pointmaze budgets, seed 0
     python benchmarks/switch_ablation.py --experiment o2o_hopper --seeds 2
     python benchmarks/switch_ablation.py --quick               # seconds-long plumbing check
+    python benchmarks/switch_ablation.py --experiment o2o_hopper --seeds 3 \
+        --variants "wsrl (faithful),warmup 5,000 (the paper's count)"  # some variants; merged into the summary
+
+The experiments run the paper's recipe scaled in counts (2 critics, a shorter warmup); two variants put a
+count back to the paper's: 10 critics, which changes the pretraining too and so gets its own (same seed and
+budget), and the 5,000-step warmup, which needs an online phase longer than that (o2o_hopper, o2o_pointmaze).
 
 Raw runs go to benchmarks/results/raw/ablation/ (ignored by git); the table (md + csv) to --summary.
 """
@@ -20,6 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from o2o_compare import REPO, run_job  # noqa: E402
 
+from embodied.train import compose_train  # noqa: E402
+
 # name -> overrides that remove one faithful knob (the wsrl preset is the reference)
 VARIANTS = {
     "wsrl (faithful)": [],
@@ -29,7 +37,13 @@ VARIANTS = {
     "full UTD (actor every critic step)": ["algo.critic_only_utd=false"],
     "entropy in the backup": ["algo.online_agent.backup_entropy=true"],
     "warmup 200 instead of the preset's": ["budget.warmup_steps=200"],
+    "warmup 5,000 (the paper's count)": ["budget.warmup_steps=5000"],
+    "10 critics (the paper's count; own pretraining)": ["algo.num_critics=10"],
+    "10 critics and warmup 5,000 (the paper's counts; own pretraining)": ["algo.num_critics=10",
+                                                                          "budget.warmup_steps=5000"],
 }
+# variants whose knob changes the offline agent too: each gets its own pretraining (same seed and budget)
+OWN_PRETRAINING = {name for name, extra in VARIANTS.items() if any(o.startswith("algo.num_critics=") for o in extra)}
 
 
 def late_window(run_dir: Path) -> dict:
@@ -68,26 +82,52 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "raw" / "ablation")
     parser.add_argument("--summary", type=Path, default=REPO / "benchmarks" / "results" / "ablation")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--variants", default=None,
+                        help="comma list of variant names (default: every one the experiment's online phase "
+                             "fits); rows of the others already in the summary json are kept")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every job")
     args = parser.parse_args()
     if args.seeds < 1 or args.jobs < 1:
         parser.error("--seeds and --jobs must be >= 1")
+    # split on the commas that start a known name: names hold commas ("warmup 5,000")
+    named = args.variants if args.variants is not None else ",".join(VARIANTS)
+    chosen = [name for name in VARIANTS if f",{name}," in f",{named},"]
+    rest = f",{named},"
+    for name in chosen:
+        rest = rest.replace(f",{name},", ",", 1)
+    if rest.strip(","):
+        parser.error(f"--variants: unknown {rest.strip(',')!r}; known: {'; '.join(VARIANTS)}")
     base = (["experiment=smoke", "env=pointmaze-umaze", "dataset=medium-replay"] if args.quick
             else [f"experiment={args.experiment}"]) + ["algo=wsrl", "threads=1", "progress=false", *args.overrides]
+    online_steps = compose_train(base).budget.online_steps
+    too_long = [name for name in chosen for o in VARIANTS[name]
+                if o.startswith("budget.warmup_steps=") and int(o.split("=")[1]) >= online_steps]
+    if too_long and args.variants is None:
+        print(f"skipped (the warmup would fill the {online_steps} online steps): {'; '.join(too_long)}")
+        chosen = [name for name in chosen if name not in too_long]
+    elif too_long:
+        parser.error(f"--variants: {too_long} warm up for the whole online phase ({online_steps} steps) of "
+                     f"{args.experiment}; use an experiment with more online steps (o2o_hopper, o2o_pointmaze)")
     out = args.out / (args.experiment if not args.quick else "quick")
     started, rows = time.time(), []
+    slug = lambda name: "".join(c if c.isalnum() else "_" for c in name).strip("_")
     with ThreadPoolExecutor(args.jobs) as pool:
-        pretrainings = {s: pool.submit(run_job, base + [f"seed={s}", "budget.online_steps=0", "eval.video_episodes=0"],
-                                       out / f"pretrain_s{s}") for s in range(args.seeds)}
+        def pretrain(s: int, extra: list[str], name: str):
+            return pool.submit(run_job, base + [f"seed={s}", *extra, "budget.online_steps=0", "eval.video_episodes=0"],
+                               out / name)
+
+        shared = any(name not in OWN_PRETRAINING for name in chosen)
+        pretrainings = {(None, s): pretrain(s, [], f"pretrain_s{s}") for s in range(args.seeds) if shared}
+        pretrainings.update({(name, s): pretrain(s, VARIANTS[name], f"pretrain_{slug(name)}_s{s}")
+                             for s in range(args.seeds) for name in chosen if name in OWN_PRETRAINING})
         jobs = []
         for s in range(args.seeds):
-            run_dir, code, _ = pretrainings[s].result()
-            if code != 0:
-                raise SystemExit(f"pretraining failed: see {run_dir}/train.log")
-            for name, extra in VARIANTS.items():
-                slug = "".join(c if c.isalnum() else "_" for c in name).strip("_")
-                jobs.append((name, s, pool.submit(run_job, base + [f"seed={s}", f"pretrained={run_dir}", *extra],
-                                                  out / f"{slug}_s{s}")))
+            for name in chosen:
+                run_dir, code, _ = pretrainings[(name if name in OWN_PRETRAINING else None, s)].result()
+                if code != 0:
+                    raise SystemExit(f"pretraining failed: see {run_dir}/train.log")
+                jobs.append((name, s, pool.submit(run_job, base + [f"seed={s}", f"pretrained={run_dir}",
+                                                                   *VARIANTS[name]], out / f"{slug(name)}_s{s}")))
         for name, s, future in jobs:
             run_dir, code, seconds = future.result()
             summary = json.loads((run_dir / "summary.json").read_text()) if code == 0 else {}
@@ -97,9 +137,12 @@ def main() -> None:
                              **(late_window(run_dir) if code == 0 else {})))
             print(rows[-1], flush=True)
     args.summary.mkdir(parents=True, exist_ok=True)
+    tag = "quick" if args.quick else args.experiment
+    previous = args.summary / f"{tag}.json"
+    if previous.is_file() and args.variants is not None:  # a partial rerun: keep the other variants' rows
+        rows = [r for r in json.loads(previous.read_text()) if r["variant"] not in chosen] + rows
     lines = summary_lines(rows, args.experiment, args.seeds, (time.time() - started) / 60)
     text = "\n".join(lines)
-    tag = "quick" if args.quick else args.experiment
     (args.summary / f"{tag}.md").write_text(text + "\n")
     (args.summary / f"{tag}.json").write_text(json.dumps(rows, indent=2))
     print(text)

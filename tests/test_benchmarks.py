@@ -47,8 +47,21 @@ def test_switch_ablation_quick(tmp_path, run_benchmark):
     out = run_benchmark("switch_ablation.py", "--quick", "--out", str(tmp_path / "raw"), "--summary",
                         str(tmp_path / "summary"), timeout=900).stdout
     assert "| wsrl (faithful) | 1 |" in out and "| actor on mean of critics | 1 |" in out
+    assert "skipped (the warmup would fill" in out  # the 5,000-step warmup does not fit the quick budget
     rows = json.loads((tmp_path / "summary" / "quick.json").read_text())
-    assert {r["rc"] for r in rows} == {0} and len({r["offline_score"] for r in rows}) == 1  # one pretraining
+    assert {r["rc"] for r in rows} == {0}
+    shared = [r for r in rows if "own pretraining" not in r["variant"]]
+    assert len(shared) == len(rows) - 1 and len({r["offline_score"] for r in shared}) == 1  # one pretraining
+    own = tmp_path / "raw" / "quick" / "pretrain_10_critics__the_paper_s_count__own_pretraining_s0"
+    assert "num_critics: 10" in (own / "config.yaml").read_text()
+    ten = json.loads((tmp_path / "raw" / "quick" / "10_critics__the_paper_s_count__own_pretraining_s0" /
+                      "summary.json").read_text())
+    assert ten["pretrained"] == str(own)
+    # a partial rerun replaces its variant's rows and keeps the others'
+    again = run_benchmark("switch_ablation.py", "--quick", "--variants", "wsrl (faithful)", "--out",
+                          str(tmp_path / "raw"), "--summary", str(tmp_path / "summary"), timeout=900).stdout
+    merged = json.loads((tmp_path / "summary" / "quick.json").read_text())
+    assert sorted(r["variant"] for r in merged) == sorted(r["variant"] for r in rows) and "| wsrl (faithful) | 1 |" in again
 
 
 def test_training_episodes_reports_first_and_last_share(tmp_path, run_benchmark):
