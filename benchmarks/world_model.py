@@ -15,7 +15,17 @@ For each method: real success before (end of BC) and after fine-tuning, mean and
 seeds; the real and imagined env steps the fine-tuning used; PPO iterations (the same for both: the
 gradient compute is matched by construction); and, for DiWA, the success the imagined rollouts reported
 at the start and at the end, against the real one, which is how model exploitation shows. (c) comes from
-the latest `results/world_model_throughput-*.json`. (a), TD-MPC2 vs SAC vs WSRL at one budget, is not here yet.
+the latest `results/world_model_throughput-*.json`.
+
+(a) Sample efficiency: TD-MPC2 against SAC (`algo=scratch`) and WSRL at one online env-step budget. Give the
+run folders (any nesting; o2o_compare's scratch and wsrl runs of a task count), one task at a time:
+
+    python -m embodied.train experiment=o2o_hopper algo=tdmpc2 seed=0 hydra.run.dir=runs/tdmpc2_hopper_s0 ...
+    python benchmarks/world_model.py --efficiency runs/tdmpc2_hopper_s* benchmarks/results/raw/o2o/hopper
+
+Per method: the online eval score at each shared eval step (mean and 95% bootstrap CI over seeds), the
+final score, the offline steps each run had before its online ones (WSRL's pretraining; the others none)
+and the wall clock of each run from its status.json (pretraining included).
 """
 from __future__ import annotations
 
@@ -98,16 +108,89 @@ def latest_throughput() -> dict | None:
     return {"file": f"results/{files[-1].name}", **ratios, "goal": f"{data.get('goal_ratio', 20):.0f}x"}
 
 
+def _online_evals(run_dir: Path) -> dict[int, float]:
+    return {x["step"]: x["eval/score"] for x in _metrics(run_dir)
+            if x.get("kind") == "eval" and x.get("phase") == "online" and "eval/score" in x}
+
+
+def _wall_clock_min(run_dir: Path) -> float | None:
+    try:
+        status = json.loads((run_dir / "status.json").read_text())
+        return (status["updated_at"] - status["started_at"]) / 60
+    except (OSError, KeyError, TypeError, json.JSONDecodeError):
+        return None
+
+
+def efficiency_rows(folders: list[Path]) -> dict:
+    """Score against online env steps per method, over the runs found under `folders` (one task)."""
+    runs = [run for folder in folders for run in find_runs(folder)[0]]
+    if not runs:
+        raise SystemExit(f"error: no finished runs under {', '.join(map(str, folders))}")
+    envs = sorted({r.summary["env"] for r in runs})
+    if len(envs) > 1:
+        raise SystemExit(f"error: --efficiency compares one task at a time; these runs are on {envs}")
+    by_method: dict[str, list] = {}
+    for run in runs:
+        by_method.setdefault(run.summary.get("preset") or run.summary["algo"], []).append(run)
+    budgets = {m: {r.summary["online_steps"] for r in rs} for m, rs in by_method.items()}
+    if len({b for bs in budgets.values() for b in bs}) > 1:
+        raise SystemExit(f"error: the runs have different online budgets {budgets}; compare at one budget")
+    curves = {m: [_online_evals(r.path) for r in rs] for m, rs in by_method.items()}
+    shared = sorted(set.intersection(*[set(c) for cs in curves.values() for c in cs]))
+    rows = []
+    for method, rs in sorted(by_method.items()):
+        rows.append({
+            "method": method, "seeds": sorted(r.summary["seed"] for r in rs),
+            "online_steps": rs[0].summary["online_steps"],
+            "offline_steps": sorted({r.summary.get("offline_steps", 0) for r in rs}),
+            "final": bootstrap_ci([r.summary["final_score"] for r in rs]),
+            "curve": {step: bootstrap_ci([c[step] for c in curves[method]]) for step in shared},
+            "wall_clock_min": [_wall_clock_min(r.path) for r in rs],
+        })
+    return {"env": envs[0], "score_kind": runs[0].summary.get("score_kind"), "eval_steps": shared, "rows": rows}
+
+
+def efficiency_markdown(table: dict, points: int = 5) -> str:
+    steps = table["eval_steps"]
+    shown = sorted({steps[round(i * (len(steps) - 1) / max(1, points - 1))] for i in range(points)}) if steps else []
+    out = [f"{table['env']} ({table['score_kind']}), online env steps on every run: {table['rows'][0]['online_steps']:,}", "",
+           "| method | seeds | offline steps first | " + " | ".join(f"score at {s:,}" for s in shown)
+           + " | final | wall clock per run (min) |", "|---" * (5 + len(shown)) + "|"]
+    for r in table["rows"]:
+        clocks = ", ".join("?" if w is None else f"{w:.0f}" for w in r["wall_clock_min"])
+        cells = " | ".join(_score(r["curve"][s]) for s in shown)
+        out.append(f"| {r['method']} | {len(r['seeds'])} | {'/'.join(f'{o:,}' for o in r['offline_steps'])} | "
+                   f"{cells} | {_score(r['final'])} | {clocks} |")
+    return "\n".join(out)
+
+
+def _score(ci) -> str:
+    mean, low, high = ci
+    return f"{mean:.1f} [{low:.1f}, {high:.1f}]"
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--diwa", required=True, help="the algo=diwa sweep directory")
+    ap.add_argument("--diwa", help="the algo=diwa sweep directory")
     ap.add_argument("--dppo", help="the algo=dppo sweep directory with the same overrides (real steps)")
-    ap.add_argument("--out", default=str(HERE / "results" / "world_model.json"))
+    ap.add_argument("--efficiency", nargs="+", type=Path, metavar="DIR",
+                    help="run folders of one task: TD-MPC2, SAC (scratch) and WSRL at one online budget")
+    ap.add_argument("--out", default=None, help="json to write (default results/world_model.json, or "
+                                                "results/world_model_efficiency-<env>.json)")
     args = ap.parse_args(argv)
-    rows = [method_row(Path(args.diwa))] + ([method_row(Path(args.dppo))] if args.dppo else [])
-    throughput = latest_throughput()
-    Path(args.out).write_text(json.dumps({"rows": rows, "throughput": throughput}, indent=2))
-    print(markdown(rows, throughput))
+    if args.efficiency:
+        table = efficiency_rows(args.efficiency)
+        out = Path(args.out or HERE / "results" / f"world_model_efficiency-{table['env']}.json")
+        out.write_text(json.dumps(table, indent=2))
+        print(efficiency_markdown(table))
+    if args.diwa:
+        rows = [method_row(Path(args.diwa))] + ([method_row(Path(args.dppo))] if args.dppo else [])
+        throughput = latest_throughput()
+        Path(args.out or HERE / "results" / "world_model.json").write_text(
+            json.dumps({"rows": rows, "throughput": throughput}, indent=2))
+        print(markdown(rows, throughput))
+    if not (args.diwa or args.efficiency):
+        ap.error("give --diwa DIR (and --dppo DIR) for the DiWA table, or --efficiency DIR ... for (a)")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -373,3 +374,29 @@ def test_a_checkpoint_resumes_the_online_phase(preset, runs, monkeypatch):
     summary = runner.run()                                 # and it finishes the remaining env steps
     assert runner.online_step == 120 and summary["online_steps"] == 120
     assert [r["step"] for r in runner.eval_history if r["phase"] == "online"][-1] == 120
+
+
+@pytest.mark.slow
+def test_the_sample_efficiency_table_reads_the_runs_at_one_budget(runs, tmp_path):
+    import importlib.util
+
+    from embodied.train import CONF_DIR
+
+    spec = importlib.util.spec_from_file_location("world_model_bench", CONF_DIR.parents[1] / "benchmarks" / "world_model.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    folders = [runs[0][preset][1].parent for preset in ("tdmpc2", "tdmpc2_o2o")]
+    table = bench.efficiency_rows(folders)
+    assert table["env"] == "pointmaze-umaze" and table["eval_steps"][-1] == 120
+    rows = {r["method"]: r for r in table["rows"]}
+    assert rows["tdmpc2"]["offline_steps"] == [0] and rows["tdmpc2_o2o"]["offline_steps"] == [30]
+    final = runs[0]["tdmpc2"][2]["final_score"]
+    assert rows["tdmpc2"]["final"] == (final, final, final) == tuple(rows["tdmpc2"]["curve"][120])
+    text = bench.efficiency_markdown(table)
+    assert "| tdmpc2 | 1 | 0 |" in text and "| tdmpc2_o2o | 1 | 30 |" in text
+    with pytest.raises(SystemExit, match="different online budgets"):
+        other = tmp_path / "other"
+        shutil.copytree(folders[0], other)
+        summary = next(other.rglob("summary.json"))
+        summary.write_text(json.dumps({**json.loads(summary.read_text()), "online_steps": 99}))
+        bench.efficiency_rows([folders[1], other])
