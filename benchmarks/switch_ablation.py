@@ -67,6 +67,8 @@ def summary_lines(rows: list[dict], experiment: str, seeds: int, minutes: float)
     fmt = lambda values: "n/a" if not values else f"{sum(values) / len(values):.1f}"
     for name in VARIANTS:
         mine = [r for r in rows if r["variant"] == name and r["rc"] == 0]
+        if not any(r["variant"] == name for r in rows):
+            continue  # not run (a warmup longer than this experiment's online phase, or not chosen)
         pick = lambda key: [r[key] for r in mine if r.get(key) is not None]
         lines.append(f"| {name} | {len(mine)} | {fmt(pick('offline_score'))} | {fmt(pick('final_score'))} | "
                      f"{fmt(pick('late_mean'))} | {fmt(pick('late_worst'))} | "
