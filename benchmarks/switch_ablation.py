@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from o2o_compare import REPO, run_job  # noqa: E402
 
+from embodied.plots import eval_points  # noqa: E402
 from embodied.train import compose_train  # noqa: E402
 
 # name -> overrides that remove one faithful knob (the wsrl preset is the reference)
@@ -49,9 +50,8 @@ OWN_PRETRAINING = {name for name, extra in VARIANTS.items() if any(o.startswith(
 def late_window(run_dir: Path) -> dict:
     """Mean and worst online eval score over the second half of the online steps: one final eval can be a
     single dip (the faithful recipe's seed 0 ended at 8 after 100 on its four evals before)."""
-    evals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-             if '"kind": "eval"' in line]
-    online = [(e["step"], e["eval/score"]) for e in evals if e.get("phase") == "online" and "eval/score" in e]
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    online = [(e["step"], e["eval/score"]) for e in eval_points(metrics, "eval/score") if e.get("phase") == "online"]
     if not online:
         return {}
     half = max(step for step, _ in online) / 2

@@ -39,6 +39,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from embodied.stats import bootstrap_ci  # noqa: E402
 from embodied.summary import find_runs  # noqa: E402
+from embodied.plots import eval_points  # noqa: E402
 
 
 def _metrics(run_dir: Path) -> list[dict]:
@@ -76,9 +77,9 @@ def method_row(sweep: Path) -> dict:
     }
 
 
-def _fmt(ci) -> str:
+def _fmt(ci, digits: int = 2) -> str:
     mean, low, high = ci
-    return f"{mean:.2f} [{low:.2f}, {high:.2f}]"
+    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
 def markdown(rows: list[dict], throughput: dict | None) -> str:
@@ -109,8 +110,7 @@ def latest_throughput() -> dict | None:
 
 
 def _online_evals(run_dir: Path) -> dict[int, float]:
-    return {x["step"]: x["eval/score"] for x in _metrics(run_dir)
-            if x.get("kind") == "eval" and x.get("phase") == "online" and "eval/score" in x}
+    return {x["step"]: x["eval/score"] for x in eval_points(_metrics(run_dir), "eval/score") if x.get("phase") == "online"}
 
 
 def _wall_clock_min(run_dir: Path) -> float | None:
@@ -158,15 +158,10 @@ def efficiency_markdown(table: dict, points: int = 5) -> str:
            + " | final | wall clock per run (min) |", "|---" * (5 + len(shown)) + "|"]
     for r in table["rows"]:
         clocks = ", ".join("?" if w is None else f"{w:.0f}" for w in r["wall_clock_min"])
-        cells = " | ".join(_score(r["curve"][s]) for s in shown)
+        cells = " | ".join(_fmt(r["curve"][s], 1) for s in shown)
         out.append(f"| {r['method']} | {len(r['seeds'])} | {'/'.join(f'{o:,}' for o in r['offline_steps'])} | "
-                   f"{cells} | {_score(r['final'])} | {clocks} |")
+                   f"{cells} | {_fmt(r['final'], 1)} | {clocks} |")
     return "\n".join(out)
-
-
-def _score(ci) -> str:
-    mean, low, high = ci
-    return f"{mean:.1f} [{low:.1f}, {high:.1f}]"
 
 
 def main(argv=None) -> None:
@@ -178,6 +173,8 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=None, help="json to write (default results/world_model.json, or "
                                                 "results/world_model_efficiency-<env>.json)")
     args = ap.parse_args(argv)
+    if args.out and args.diwa and args.efficiency:
+        ap.error("--out names one json: give it with --diwa or with --efficiency, not both")
     if args.efficiency:
         table = efficiency_rows(args.efficiency)
         out = Path(args.out or HERE / "results" / f"world_model_efficiency-{table['env']}.json")
