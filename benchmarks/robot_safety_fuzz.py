@@ -61,8 +61,12 @@ PEAKS = ("peak_speed_ratio", "peak_acc_ratio", "peak_box_excess_m", "peak_cmd_la
 
 
 def fold_peaks(robot, overall: dict) -> dict:
-    """Read the server's peaks since the last reset into `overall`, reset them, return them."""
-    stretch = {k: robot.server_state().get(k, 0.0) for k in PEAKS}
+    """Read the server's peaks since the last reset into `overall`, reset them, return them. `overall`
+    also keeps what the arm was doing at the largest box excess (`peak_box_at`, from the server)."""
+    state = robot.server_state()
+    stretch = {k: state.get(k, 0.0) for k in PEAKS}
+    if stretch["peak_box_excess_m"] > overall["peak_box_excess_m"]:
+        overall["peak_box_at"] = state.get("peak_box_at", {})
     for k in PEAKS:
         overall[k] = max(overall[k], stretch[k])
     robot.reset_peaks()
@@ -131,11 +135,14 @@ def fuzz_mode(mode: str, commands: int, seed: int) -> dict:
         server = robot.server_state()
     box_by_end["end of run"] = server["peak_box_excess_m"]
     peaks = {k: max(overall[k], server[k]) for k in PEAKS}
+    peak_box_at = server.get("peak_box_at", {}) if server["peak_box_excess_m"] >= overall["peak_box_excess_m"] \
+        else overall.get("peak_box_at", {})
     return {"mode": mode, "commands": sent, "segments": segments, "wall_s": round(wall, 1),
             "commands_per_s": round(sent / wall, 1), "paced_s": round(robot.paced_s, 1), **peaks,
             "monitor_workspace_tol_m": cfg.monitor_workspace_tol_m, "holds_rearmed": dict(holds),
             "hold_reasons": dict(reasons.most_common(12)),
             "box_excess_m_by_what_ended_the_stretch": {k: round(v, 4) for k, v in box_by_end.items()},
+            "peak_box_at": peak_box_at,
             "safety": robot.chain.summary(), "server_overruns": server.get("overruns"),
             "self_collision_stops": server.get("collision_stops"),
             "goals_met": bool(peaks["peak_speed_ratio"] <= 1.05 and peaks["peak_acc_ratio"] <= 1.05
@@ -183,6 +190,7 @@ def main() -> None:
               f"holds {r['holds_rearmed']}, goals {'met' if r['goals_met'] else 'NOT met'}", flush=True)
         print("   safety:", r["safety"]["by_kind"], flush=True)
         print("   box excess by what ended the stretch:", r["box_excess_m_by_what_ended_the_stretch"], flush=True)
+        print("   at the largest box excess:", r["peak_box_at"], flush=True)
     stall = process_stall()
     print(f"process stall {stall['stall_s']} s: arm held {stall['hold_after_last_command_ms']} ms after the last "
           f"command (limit {stall['limit_ms']} ms, reason {stall['hold_reason']}), goal "

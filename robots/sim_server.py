@@ -203,6 +203,10 @@ class SimArmServer:
         self.stats["time_lost_s"] = 0.0  # simulated time given up after stalls over max_catch_up_s
         self.peaks = {"peak_speed_ratio": 0.0, "peak_acc_ratio": 0.0, "peak_acc_joint": -1, "peak_box_excess_m": 0.0,
                       "peak_cmd_late_s": 0.0}  # the latest a command was met after it was due (see `_receive`)
+        # what the arm was doing at the tick of the largest box excess since the last reset (`_measure`):
+        # the fuzz benchmark attributes an excursion with it, not by guessing from what ended the stretch
+        self.peak_box_at: dict = {}
+        self._tick_s, self._cmd_started_s, self._cmd_late_s = 0.0, None, 0.0
 
     def _stop(self, now: float, op: str, reason: str) -> None:
         """hold: the reference brakes from its own speed at the acceleration limit (a controlled stop,
@@ -258,6 +262,7 @@ class SimArmServer:
         else:
             self._ramp_to(np.clip(values, -self.vmax, self.vmax))
         self.braking, self.period_ticks = False, self._window * self.substeps
+        self._cmd_started_s = self._tick_s
         self.grip_ctrl = 255.0 * (1.0 - np.clip(width / GRIPPER_OPEN_M, 0.0, 1.0))
 
     def _arm_contact(self) -> bool:
@@ -323,7 +328,15 @@ class SimArmServer:
             return  # a collision's impact and its stop are counted as collision_stops, not as overshoots
         p = d.site_xpos[self.arm.site]
         excess = box_distance_m(p, self.box_lo, self.box_hi)
-        self.peaks["peak_box_excess_m"] = max(self.peaks["peak_box_excess_m"], excess)
+        if excess > self.peaks["peak_box_excess_m"]:
+            self.peaks["peak_box_excess_m"] = excess
+            ms = lambda t: None if t is None else round(1e3 * (now - t), 1)
+            self.peak_box_at = {
+                "mode": self.mode, "braking": bool(self.braking), "ramping": bool(self.ramp_ticks),
+                "since_command_started_ms": ms(self._cmd_started_s), "since_last_command_ms": ms(self.last_cmd_s),
+                "last_command_late_ms": round(1e3 * self._cmd_late_s, 1), "pending": len(self.pending),
+                "tracking_error_mrad": round(1e3 * float(np.max(np.abs(self.target - d.qpos[:6]))), 1),
+                "speed_ratio": round(float(np.max(np.abs(qd) / self.vmax)), 3)}
 
     def _delay(self) -> float:
         return self.latency_s + (self.rng.uniform(0, self.jitter_s) if self.jitter_s > 0 else 0.0)
@@ -364,7 +377,8 @@ class SimArmServer:
         while self.inbox and self.inbox[0][0] <= tick_s:
             due_s, _, msg = heapq.heappop(self.inbox)
             if msg["op"] == "cmd":
-                self.peaks["peak_cmd_late_s"] = max(self.peaks["peak_cmd_late_s"], tick_s - due_s)
+                self._cmd_late_s = tick_s - due_s
+                self.peaks["peak_cmd_late_s"] = max(self.peaks["peak_cmd_late_s"], self._cmd_late_s)
             if not self._apply(msg, tick_s):
                 return False
         return True
@@ -441,7 +455,7 @@ class SimArmServer:
             self.hold_reason, self._qd_window = "reset", []
             self.frames.due_now()  # the next frame shows the new scene
         elif op == "reset_peaks":
-            self.peaks = dict.fromkeys(self.peaks, 0.0)
+            self.peaks, self.peak_box_at = dict.fromkeys(self.peaks, 0.0), {}
         elif op == "set":
             for key in ("latency_ms", "jitter_ms"):
                 if key in msg:
@@ -466,6 +480,7 @@ class SimArmServer:
                 "gripper_width_m": self.arm.gripper_width(d), "mode": self.mode, "t_hold_s": self.t_hold_s,
                 "hold_reason": self.hold_reason, "last_cmd_sent_s": self.last_cmd_sent_s,
                 "target_rad": self.target.tolist(), "target_vel_rad_s": self.target_vel.tolist(), **self.stats, **self.peaks,
+                "peak_box_at": self.peak_box_at,
                 **self.snapshot}
 
     def _physics_cartesian(self) -> None:
@@ -542,6 +557,7 @@ class SimArmServer:
                 last = self.last_cmd_sent_s if self.last_cmd_sent_s is not None else self.last_cmd_s
                 if self.mode == "run" and tick_s - last > self.deadline_s:
                     self._stop(tick_s, "hold", "watchdog")  # the arm's own deadline, outside the controller
+                self._tick_s = tick_s
                 self._physics()
                 self._measure(tick_s)
                 if self.scene is not None:

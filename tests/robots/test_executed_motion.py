@@ -3,6 +3,7 @@ late commands, braking at joint limits, the measured-state monitor, ee_delta thr
 and a watchdog that survives a stalled loop and a stalled process."""
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
 import signal
@@ -206,6 +207,44 @@ def test_joint_velocity_stops_inside_the_box_from_where_the_arm_measures():
     lowest = np.inf
     for _ in range(300):
         robot.send_action(np.array([0.0, -2.0, 0.0, 0.0]))  # the shoulder down, hard
+        lowest = min(lowest, planar_fk(robot.q)[2])
+    assert robot.chain.counts[("workspace", "clip")] > 0
+    assert robot.state is State.ARMED and lowest >= floor - 1e-9, lowest - floor
+
+
+class StaleArm(RecordingRobot):
+    """A perfect servo whose measured state (joint speeds included) arrives `lag` readings late, as a
+    loaded machine delivers it."""
+
+    def __init__(self, lag: int, **overrides):
+        super().__init__(small_config(**overrides), start_watchdog=False)
+        self.history = collections.deque(maxlen=lag + 1)
+        self.prev_q = self.q.copy()
+
+    def _read(self):
+        obs = super()._read()
+        obs["joint_vel_rad_s"] = ((self.q - self.prev_q) / self.config.period_s).astype(np.float32)
+        self.prev_q = self.q.copy()
+        self.history.append(obs)
+        return self.history[0]
+
+
+def test_joint_velocity_reference_reanchors_where_the_arm_rests():
+    """joint_velocity: the arm rests 0.05 rad lower at the shoulder than the chain's reference (what a
+    loaded fuzz left between them: 13.6 mrad, since a velocity carries no position), and its measured state
+    is 30 ms old. Then a hard push into the floor: before, the reference stopped at the floor, the arm went
+    25.6 mm below it and the monitor held it (a loaded fuzz: 10-22 mm, issue 14). Now, once both rest,
+    the reference is where the arm is, and the push stops inside."""
+    robot = StaleArm(lag=3, control_mode="joint_velocity", home_joint_pos_rad=[0.0, 0.3, -1.2])
+    robot.connect()
+    robot.arm()
+    robot.q = robot.prev_q = robot.q + np.array([0.0, -0.05, 0.0])   # at rest, off the reference
+    for _ in range(5):
+        robot.send_action(np.zeros(4))                                # resting: the new state comes in
+    assert np.abs(robot.chain.ref_pos - robot.q).max() < 1e-6
+    floor, lowest = robot.config.workspace_min_m[2], np.inf
+    for _ in range(300):
+        robot.send_action(np.array([0.0, -2.0, 0.0, 0.0]))            # the shoulder down, hard
         lowest = min(lowest, planar_fk(robot.q)[2])
     assert robot.chain.counts[("workspace", "clip")] > 0
     assert robot.state is State.ARMED and lowest >= floor - 1e-9, lowest - floor
