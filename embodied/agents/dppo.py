@@ -431,11 +431,5 @@ class DPPORunner(Runner):
         self.loop.episode_return += self.rewards.raw(reward, steps=executed)
         log_episode_ends(self, self.loop.episode_return, done, success)
 
-    def _maybe_checkpoint_crossing(self, total_step: int) -> None:
-        every = self.cfg.checkpoint_every
-        if every > 0 and total_step // every > self.loop.checkpoints_written:
-            self.loop.checkpoints_written = total_step // every
-            self.save_checkpoint(total_step)
-
     def learning_start(self) -> int:
         return 0

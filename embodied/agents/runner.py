@@ -522,6 +522,14 @@ class Runner:
         self.save_checkpoint(total_step)
         return True
 
+    def _maybe_checkpoint_crossing(self, total_step: int) -> None:
+        """On-policy loops step by whole rollouts, so a checkpoint falls where the total crosses a multiple of
+        `checkpoint_every`; `self.loop.checkpoints_written` (saved with the loop state) counts them."""
+        every = self.cfg.checkpoint_every
+        if every > 0 and total_step // every > self.loop.checkpoints_written:
+            self.loop.checkpoints_written = total_step // every
+            self.save_checkpoint(total_step)
+
     def save_checkpoint(self, total_step: int) -> Path:
         root = self.run_dir / "checkpoints"
         # after the switch the online agent owns the pretrained networks: they are saved once, under it

@@ -46,7 +46,7 @@ from torch import nn
 from tqdm import tqdm
 
 from embodied.agents.base import Agent
-from embodied.agents.dppo import RunningReturnStd, _per_env, gae, log_episode_ends
+from embodied.agents.dppo import DPPOLoop, _per_env, gae, log_episode_ends
 from embodied.agents.nets import ValueEnsemble, to_torch
 from embodied.agents.runner import mean_metrics
 from embodied.agents.vla_bc import (VLAActing, VLAFinetuneRunner, check_online_reward, merge_adapters,
@@ -352,10 +352,23 @@ class VLAPPORunner(VLAFinetuneRunner):
     def _online_agent(self):
         from embodied import agents
 
-        return agents.continue_from("vla_ppo", self.offline_agent, self.cfg.online_agent, seed=self.cfg.seed)
+        agent = agents.continue_from("vla_ppo", self.offline_agent, self.cfg.online_agent, seed=self.cfg.seed)
+        self.loop = DPPOLoop(agent.cfg.n_envs, agent.cfg.gamma)   # the same rollout-to-rollout state as DPPO's
+        return agent
 
     def _before(self) -> dict:
         return self.before_finetune or {}
+
+    def loop_state(self) -> dict | None:
+        """Saved with every online checkpoint: DPPO's loop state, and the "before" eval a resume cannot redo."""
+        if getattr(self, "loop", None) is None:
+            return None
+        return {**self.loop.state_dict(), "before_finetune": self.before_finetune}
+
+    def load_loop_state(self, state: dict | None) -> None:
+        if state is not None:
+            self.loop.load_state_dict(state)
+            self.before_finetune = state.get("before_finetune")
 
     def _run_online(self) -> None:
         cfg, agent = self.cfg, self.agent
@@ -363,16 +376,18 @@ class VLAPPORunner(VLAFinetuneRunner):
         n = pcfg.n_envs
         envs = self.envs.make_vec(n, asynchronous=pcfg.async_envs, autoreset="same_step", seed=cfg.seed + 7,
                                   execute_horizon=h, mid_chunk_frames=False, **self._env_kwargs(self.finetune_task))
-        obs, _ = envs.reset(seed=cfg.seed + 7)
-        self.before_finetune = self.evaluate(0, self.offline_step)
+        loop = self.loop   # restored by a resume, which then starts fresh episodes from the step it reached
+        obs, _ = envs.reset(seed=cfg.seed + 7 + self.online_step)
+        if self.online_step == 0:
+            self.before_finetune = self.evaluate(0, self.offline_step)
         planned = max(1, math.ceil(cfg.online_steps / (n * pcfg.rollout_steps * h)))
-        return_norm, episode_return = RunningReturnStd(n, pcfg.gamma), np.zeros(n)
+        return_norm, episode_return = loop.return_norm, loop.episode_return
         bc_sampler = self._bc_sampler() if pcfg.bc_coef > 0 else None
-        next_eval, iteration = cfg.eval_every_online, 0
-        bar = tqdm(total=cfg.online_steps, desc=f"online vla_ppo task {self.finetune_task}", disable=not self.progress,
-                   dynamic_ncols=True)
+        next_eval = (self.online_step // cfg.eval_every_online + 1) * cfg.eval_every_online
+        bar = tqdm(total=cfg.online_steps, initial=self.online_step, desc=f"online vla_ppo task {self.finetune_task}",
+                   disable=not self.progress, dynamic_ncols=True)
         while self.online_step < cfg.online_steps:
-            agent.set_progress(iteration / planned)
+            agent.set_progress(loop.iteration / planned)
             roll = {k: [] for k in ("rows", "chain", "log_prob", "values", "next_values", "rewards", "terminals",
                                     "dones")}
             for _ in range(pcfg.rollout_steps):
@@ -412,17 +427,18 @@ class VLAPPORunner(VLAFinetuneRunner):
                                         "log_prob": flat(arrays["log_prob"]), "advantages": adv.reshape(-1),
                                         "returns": ret.reshape(-1)}, bc_sampler)
                 metrics.update(agent.divergence(roll["rows"][0]))
-                iteration += 1
+                loop.iteration += 1
             else:   # the budget cut this rollout short: 20 gradient steps on a handful of decisions would
                 # overfit them (a first version's last update did: clip fraction 0.6), so they go unused
                 metrics = {"online/unused_decisions": float(len(roll["rows"]) * n)}
             step = min(self.online_step, cfg.online_steps)
-            self.logger.log({**metrics, "online/iteration": iteration, "total_step": self.offline_step + step},
+            self.logger.log({**metrics, "online/iteration": loop.iteration, "total_step": self.offline_step + step},
                             step=step, phase="online", kind="train")
             if step >= next_eval or step >= cfg.online_steps:
                 record = self.evaluate(step, self.offline_step + step)
                 bar.set_postfix(success=f"{record['eval/success']:.2f}")
                 next_eval = (step // cfg.eval_every_online + 1) * cfg.eval_every_online
+            self._maybe_checkpoint_crossing(self.offline_step + step)
         bar.close()
         envs.close()
         agent.merge_adapters()

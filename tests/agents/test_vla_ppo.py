@@ -162,8 +162,37 @@ def test_vla_ppo_config_errors_before_any_work():
     check_config(compose_train(VLA_PPO_TINY))
     with pytest.raises(ConfigError, match="algo.online_agent.task=7 is not in env.tasks"):
         check_config(compose_train([*VLA_PPO_TINY, "algo.online_agent.task=7"]))
-    with pytest.raises(ConfigError, match="set checkpoint.every=0"):
-        check_config(compose_train([*VLA_PPO_TINY, "checkpoint.every=10"]))
+    check_config(compose_train([*VLA_PPO_TINY, "checkpoint.every=10"]))   # online checkpoints are written
+
+
+@pytest.mark.slow
+def test_vla_ppo_resumes_from_an_online_checkpoint_with_its_loop_state(tmp_path, monkeypatch):
+    """An online checkpoint carries the PPO iterations (the noise schedule reads them), the running returns,
+    the return normaliser and the "before" eval; a run resumed from it finishes the budget without a second
+    "before" eval, and its summary keeps the first one."""
+    import shutil
+
+    from embodied.checkpoints import find_checkpoints
+
+    monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path / "cache"))
+    overrides = [*VLA_PPO_TINY, "checkpoint.every=32", "checkpoint.keep=5"]
+    full = run(compose_train(overrides), tmp_path / "run")
+    online = [p for p in find_checkpoints(tmp_path / "run")
+              if json.loads((p / "state.json").read_text())["phase"] == "online"]
+    assert [json.loads((p / "state.json").read_text())["online_step"] for p in online] == [32, 64]
+    loop = json.loads((online[0] / "state.json").read_text())["loop"]
+    assert loop["iteration"] == 1 and loop["checkpoints_written"] == 1 and len(loop["episode_return"]) == 2
+    assert loop["before_finetune"]["step"] == 0
+
+    shutil.copytree(tmp_path / "run", tmp_path / "resumed")   # as if killed after the first online checkpoint
+    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / online[1].name)
+    resumed = run(compose_train([*overrides, "resume=true"]), tmp_path / "resumed")
+    assert resumed["online_steps"] == 64
+    assert resumed["finetune"]["success_before"] == full["finetune"]["success_before"]
+    lines = [json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    online_evals = [line["step"] for line in lines if line["phase"] == "online" and line["kind"] == "eval"]
+    iterations = [line["online/iteration"] for line in lines if "online/iteration" in line]
+    assert online_evals == [0, 64] and iterations == [1, 2]
 
 
 @pytest.mark.slow
