@@ -7,6 +7,7 @@ weights and differs only after the switch).
     python benchmarks/switch_ablation.py --quick               # seconds-long plumbing check
     python benchmarks/switch_ablation.py --experiment o2o_hopper --seeds 3 \
         --variants "wsrl (faithful),warmup 5,000 (the paper's count)"  # some variants; merged into the summary
+    python benchmarks/switch_ablation.py --experiment o2o_hopper --seeds 3 --pretrained-from <o2o raw>/hopper
 
 The experiments run the paper's recipe scaled in counts (2 critics, a shorter warmup); two variants put a
 count back to the paper's: 10 critics, which changes the pretraining too and so gets its own (same seed and
@@ -87,10 +88,19 @@ def main() -> None:
     parser.add_argument("--variants", default=None,
                         help="comma list of variant names (default: every one the experiment's online phase "
                              "fits); rows of the others already in the summary json are kept")
+    parser.add_argument("--pretrained-from", type=Path, default=None, metavar="DIR",
+                        help="o2o_compare's raw runs of this task (DIR/wsrl_s<seed>): their saved pretraining is "
+                             "the shared one, instead of pretraining again with the same seed and budget")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every job")
     args = parser.parse_args()
     if args.seeds < 1 or args.jobs < 1:
         parser.error("--seeds and --jobs must be >= 1")
+    if args.pretrained_from is not None:
+        missing = [s for s in range(args.seeds)
+                   if not (args.pretrained_from / f"wsrl_s{s}" / "checkpoints" / "pretrained").is_dir()]
+        if missing:
+            parser.error(f"--pretrained-from {args.pretrained_from}: no wsrl_s<seed>/checkpoints/pretrained for "
+                         f"seeds {missing}; run o2o_compare.py with --presets wsrl for them, or drop the option")
     # split on the commas that start a known name: names hold commas ("warmup 5,000")
     named = args.variants if args.variants is not None else ",".join(VARIANTS)
     chosen = [name for name in VARIANTS if f",{name}," in f",{named},"]
@@ -119,7 +129,11 @@ def main() -> None:
                                out / name)
 
         shared = any(name not in OWN_PRETRAINING for name in chosen)
-        pretrainings = {(None, s): pretrain(s, [], f"pretrain_s{s}") for s in range(args.seeds) if shared}
+        if shared and args.pretrained_from is not None:  # already there: a finished job's result, run_job's shape
+            pretrainings = {(None, s): pool.submit(lambda d: (d, 0, 0.0), args.pretrained_from / f"wsrl_s{s}")
+                            for s in range(args.seeds)}
+        else:
+            pretrainings = {(None, s): pretrain(s, [], f"pretrain_s{s}") for s in range(args.seeds) if shared}
         pretrainings.update({(name, s): pretrain(s, VARIANTS[name], f"pretrain_{slug(name)}_s{s}")
                              for s in range(args.seeds) for name in chosen if name in OWN_PRETRAINING})
         jobs = []

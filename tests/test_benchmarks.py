@@ -62,6 +62,15 @@ def test_switch_ablation_quick(tmp_path, run_benchmark):
                           str(tmp_path / "raw"), "--summary", str(tmp_path / "summary"), timeout=900).stdout
     merged = json.loads((tmp_path / "summary" / "quick.json").read_text())
     assert sorted(r["variant"] for r in merged) == sorted(r["variant"] for r in rows) and "| wsrl (faithful) | 1 |" in again
+    # --pretrained-from: o2o_compare's wsrl run of the seed is the shared pretraining; none is made again
+    (tmp_path / "o2o").mkdir()
+    (tmp_path / "o2o" / "wsrl_s0").symlink_to(tmp_path / "raw" / "quick" / "pretrain_s0")
+    run_benchmark("switch_ablation.py", "--quick", "--variants", "entropy in the backup", "--pretrained-from",
+                  str(tmp_path / "o2o"), "--out", str(tmp_path / "reuse"), "--summary", str(tmp_path / "summary"),
+                  timeout=900)
+    assert sorted(p.name for p in (tmp_path / "reuse" / "quick").iterdir()) == ["entropy_in_the_backup_s0"]
+    reused = json.loads((tmp_path / "reuse" / "quick" / "entropy_in_the_backup_s0" / "summary.json").read_text())
+    assert reused["pretrained"] == str(tmp_path / "o2o" / "wsrl_s0")
 
 
 def test_training_episodes_reports_first_and_last_share(tmp_path, run_benchmark):
