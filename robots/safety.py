@@ -542,7 +542,7 @@ class SafetyChain:
         where the arm is. A velocity carries no position, so whatever the arm executed differently from the
         chain's plan (a command met late runs after a little extra braking) stays between them and adds up:
         in a loaded fuzz the arm rested 13.6 mrad from the reference, and a push that stopped the reference
-        at the floor left the arm 10-22 mm below it (issue 14). Joint-position targets re-anchor by
+        at a wall of the box left the arm 10-22 mm outside it (issue 14). Joint-position targets re-anchor by
         themselves."""
         qd = obs.get("joint_vel_rad_s")
         if qd is None:
