@@ -499,10 +499,10 @@ class SafetyChain:
         """`ik(q_ref_rad, ee_target_m, rot_delta_rad) -> q_rad | None`: in ee_delta mode the command that
         is checked and sent becomes the joint-position command it solves to."""
         self.commands += 1
-        if mode is ControlMode.JOINT_VELOCITY:
-            self._anchor_at_rest(obs, elapsed_s)
         via_ik = mode is ControlMode.EE_DELTA and ik is not None
         ctx = self.context(obs, mode, fk, elapsed_s, age_joints=mode is not ControlMode.EE_DELTA or via_ik)
+        if mode is ControlMode.JOINT_VELOCITY:
+            ctx = self._anchor_at_rest(ctx, obs)
         values, events = self.guard(action, mode)
         cmd = None
         if values is not None:
@@ -537,24 +537,19 @@ class SafetyChain:
         self._record(events)
         return FilterResult(cmd, events, accepted)
 
-    def _anchor_at_rest(self, obs: dict, elapsed_s: float | None) -> None:
-        """joint_velocity: once the reference and the measured arm have both stopped, the reference is
-        where the arm is. A velocity carries no position, so whatever the arm executed differently from the
-        chain's plan (a command met late runs after a little extra braking) stays between them and adds up:
-        in a loaded fuzz the arm rested 13.6 mrad from the reference, and a push that stopped the reference
-        at a wall of the box left the arm 10-22 mm outside it (issue 14). Joint-position targets re-anchor by
-        themselves."""
+    def _anchor_at_rest(self, ctx: Context, obs: dict) -> Context:
+        """joint_velocity: once the reference (aged, `ctx`) and the measured arm have both stopped, the
+        reference is where the arm is, at rest. A velocity carries no position, so whatever the arm executed
+        differently from the chain's plan (a command met late runs after a little extra braking) stays between
+        them and adds up: in a loaded fuzz the arm rested 13.6 mrad from the reference, and a push that stopped
+        the reference at a wall of the box left the arm 10-22 mm outside it (issue 14). Joint-position
+        targets re-anchor by themselves."""
         qd = obs.get("joint_vel_rad_s")
-        if qd is None:
-            return
-        vel = self.ref_vel
-        late_s = 0.0 if elapsed_s is None else max(0.0, float(elapsed_s) - self.config.period_s)
-        if late_s > 0:
-            vel = braking_stop_after(self.ref_pos, self.ref_vel, late_s, self.config.joint_acc_max_rad_s2,
-                                     self.config.period_s)[1]
-        at_rest = np.abs(np.asarray(qd, np.float64)) <= REST_FRACTION * np.asarray(self.config.joint_vel_max_rad_s)
-        if not np.any(vel) and np.all(at_rest):
-            self.ref_pos = np.asarray(obs["joint_pos_rad"], np.float64).copy()
+        if qd is None or np.any(ctx.ref_vel_rad_s) or np.any(np.abs(np.asarray(qd, np.float64)) > REST_FRACTION * ctx.vmax):
+            return ctx
+        # the velocity too: ageing the anchored position along the old one would put it a stop past the arm
+        self.ref_pos, self.ref_vel = ctx.q_rad.copy(), np.zeros_like(self.ref_vel)
+        return replace(ctx, ref_pos_rad=ctx.q_rad.copy(), ref_vel_rad_s=np.zeros_like(ctx.ref_vel_rad_s))
 
     def _solve_ik(self, cmd: Command, ctx: Context, ik) -> tuple[Command | None, list[SafetyEvent]]:
         """The limited ee target -> joint targets from the joint reference, then every joint filter."""

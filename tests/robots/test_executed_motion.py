@@ -250,6 +250,19 @@ def test_joint_velocity_reference_reanchors_where_the_arm_rests():
     assert robot.state is State.ARMED and lowest >= floor - 1e-9, lowest - floor
 
 
+def test_a_reference_reanchored_after_a_late_command_does_not_brake_on_from_the_arm():
+    """joint_velocity: a command at 1 rad/s, then the next one 0.5 s late, when the stop (0.05 s at 20 rad/s^2)
+    is long over and the arm rests. The reference re-anchors where the arm is, at rest: its old velocity must
+    not age it on by the stopping distance (25 mrad) past the arm."""
+    robot = armed(control_mode="joint_velocity")
+    for _ in range(10):
+        robot.send_action(np.array([0.0, 1.0, 0.0, 0.0]))   # up to 1 rad/s at 20 rad/s^2
+    assert robot.chain.ref_vel[1] == pytest.approx(1.0)
+    robot.virtual_s += 0.5
+    robot.send_action(np.zeros(4))
+    assert np.abs(robot.chain.ref_pos - robot.q).max() < 1e-6 and not np.any(robot.chain.ref_vel)
+
+
 @pytest.mark.parametrize("late_ms", [0.4, 3.0])
 def test_late_commands_into_a_wall_brake_within_the_acceleration_limit(late_ms):
     """Every command a little late (as on a loaded machine) while pushing into the floor: the aged
