@@ -347,11 +347,6 @@ def check_config(cfg: DictConfig) -> None:
         if task not in list(tasks):
             raise ConfigError(f"algo.online_agent.task={task} is not in env.tasks={list(tasks)}; pick one of the "
                               "suite's tasks to fine-tune")
-        every, start = cfg.checkpoint.every, cfg.budget.offline_steps
-        if online == "vla_qc" and every > 0 and (start + cfg.budget.online_steps) // every > start // every:
-            raise ConfigError(f"algo={online} does not write online checkpoints yet, and checkpoint.every={every} "
-                              "would checkpoint its online phase; set checkpoint.every=0 (the pretraining is "
-                              "still saved under checkpoints/pretrained for pretrained=)")
     variations = cfg.env.get("variations")
     if variations is not None:
         from sims.manip_variations import VARIATIONS

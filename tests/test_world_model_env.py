@@ -241,7 +241,8 @@ def test_tdmpc2_latent_option():
 
 
 @pytest.mark.slow
-def test_throughput_benchmark_smoke(tmp_path):
+@pytest.mark.parametrize("env", ["pointmaze-umaze", "hopper"])   # sparse (a success classifier) and dense
+def test_throughput_benchmark_smoke(tmp_path, env):
     import importlib.util
     from pathlib import Path
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "world_model_throughput.py"
@@ -250,12 +251,13 @@ def test_throughput_benchmark_smoke(tmp_path):
     spec.loader.exec_module(bench)
     threads = torch.get_num_threads()
     try:
-        result = bench.main(["--real-steps", "200", "--imagined-steps", "3", "--rounds", "1", "--batch", "16",
-                             "--out", str(tmp_path)])
+        result = bench.main(["--env", env, "--real-steps", "200", "--imagined-steps", "3", "--rounds", "1",
+                             "--batch", "16", "--out", str(tmp_path)])
     finally:
         torch.set_num_threads(threads)  # the script pins one thread for its own process
     assert result["real_steps_per_s"] > 0 and all(v["ratio"] > 0 for v in result["imagined"].values())
-    assert list(tmp_path.glob("world_model_throughput-*.json"))
+    assert result["env"] == env and result["success_classifier"] == (env == "pointmaze-umaze")
+    assert list(tmp_path.glob(f"world_model_throughput-{env}-*.json"))
 
 
 def test_chunked_env_runs_rows_open_loop_to_the_horizon_and_restarts_in_the_same_step():

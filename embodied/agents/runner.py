@@ -541,8 +541,7 @@ class Runner:
                      episodes_done=self.episodes_done, end_of_offline=self.end_of_offline,
                      eval_history=self.eval_history, rng=self.rng.bit_generator.state, total_step=total_step,
                      config=asdict(self.cfg), loop=self.loop_state(), saved_at=time.time())
-        final = write_folder(root / f"step_{total_step:09d}", tensors, state,
-                             replay_online=self.online_buffer.state_dict())
+        final = write_folder(root / f"step_{total_step:09d}", tensors, state, replay_online=self._replay_state())
         for old in sorted(p for p in root.iterdir() if p.name.startswith("step_"))[: -self.cfg.keep_checkpoints]:
             shutil.rmtree(old, ignore_errors=True)
         return final
@@ -571,15 +570,22 @@ class Runner:
         if self.phase == "online" and self.cfg.switch_temperature == "fast":  # optimizer lrs are not saved
             scale = self.cfg.switch_temperature_lr_scale if self._in_fast_temperature_window() else 1.0
             self._set_alpha_lr(self.agent.cfg.alpha_lr * scale)
+        self._load_replay(ckpt)
+        if self.phase == "online":
+            self.load_loop_state(state.get("loop"))
+        torch.set_rng_state(tensors["torch_rng"])
+
+    def _replay_state(self) -> dict[str, np.ndarray]:
+        """What a checkpoint's replay_online.npz holds: plain arrays (read back with allow_pickle=False)."""
+        return self.online_buffer.state_dict()
+
+    def _load_replay(self, ckpt: Checkpoint) -> None:
         try:
             self.online_buffer.load_state_dict(ckpt.replay)
         except (KeyError, ValueError, TypeError) as err:
             raise CheckpointError(f"checkpoint {ckpt.path / 'replay_online.npz'} does not hold a replay buffer "
                                   f"({type(err).__name__}: {first_line(err)}); {fallback(ckpt.path)}") from None
         self.online_buffer.cut_open_episode()  # the env restarts a fresh episode after a resume
-        if self.phase == "online":
-            self.load_loop_state(state.get("loop"))
-        torch.set_rng_state(tensors["torch_rng"])
 
     def loop_state(self) -> dict | None:
         """State an online loop carries between env steps beyond the runner's own (none for the replay loop)."""

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 import torch
@@ -52,9 +52,11 @@ from embodied.agents.chunking import chunk_td_target
 from embodied.agents.nets import CriticEnsemble, adam, soft_update, to_torch
 from embodied.agents.runner import mean_metrics
 from embodied.agents.vla_bc import VLAFinetuneRunner, check_online_reward, merge_adapters, prepare_finetune
+from embodied.checkpoints import Checkpoint, fallback, first_line
 from embodied.constants import STATE_KEY, TASK_KEY, image_key
 from embodied.data.suite import chunk_steps
-from embodied.errors import ConfigError
+from embodied.data.replay import decode_rng, encode_rng
+from embodied.errors import CheckpointError, ConfigError
 from embodied.evaluation import stack_observations
 
 FINETUNE_MODES = ("frozen", "head", "lora", "full")
@@ -246,8 +248,9 @@ class VLAQC(Agent):
         return float((now - before).norm(dim=-1).mean())
 
     def _modules(self) -> dict:
-        modules = {"critic": self.critic, "target_critic": self.target_critic}
-        return {**modules, "actor": self.actor, "reference": self.reference} if self.learns else modules
+        # the VLA is saved frozen too: a resumed run rebuilds this agent from an untrained pretraining agent
+        modules = {"critic": self.critic, "target_critic": self.target_critic, "actor": self.actor}
+        return {**modules, "reference": self.reference} if self.learns else modules
 
     def _optimizers(self) -> dict:
         optimizers = {"critic_optimizer": self.critic_optimizer}
@@ -297,6 +300,30 @@ class ChunkReplay:
         index = self.rng.integers(0, self.size, batch_size)
         return {k: v[index] for k, v in self.data.items()}
 
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """The written rows as plain arrays (a checkpoint reads them back with allow_pickle=False): the
+        instructions as fixed-width text, and the sampling stream's state."""
+        n = self.size
+        state = {f"data/{k}": v[:n].copy() for k, v in self.data.items()}
+        state.update({f"frames/{k}": v[:n].copy() for k, v in (self.frames or {}).items()})
+        state["instructions"] = self.instructions[:n].astype(str)
+        state["counts"] = np.asarray([self.capacity, self.size, self.cursor], np.int64)
+        state["rng_state"] = encode_rng(self.rng)
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        capacity, size, cursor = (int(x) for x in state["counts"])
+        frames = sorted(k.split("/", 1)[1] for k in state if k.startswith("frames/"))
+        if capacity != self.capacity or frames != sorted(self.frames or {}):
+            raise ValueError(f"the saved replay has capacity {capacity} and frames {frames}, this run's "
+                             f"{self.capacity} and {sorted(self.frames or {})}")
+        for key, value in self.data.items():
+            value[:size] = state[f"data/{key}"]   # a shape that differs raises ValueError
+        for key, value in (self.frames or {}).items():
+            value[:size] = state[f"frames/{key}"]
+        self.instructions[:size] = state["instructions"]
+        self.size, self.cursor, self.rng = size, cursor, decode_rng(state["rng_state"])
+
     def sample_inputs(self, batch_size: int) -> dict:
         """BC rows in the VLA's input keys (as `SuiteDemos.sample_chunks`): state, frames, instruction, the
         executed chunk and its `valid` mask."""
@@ -329,15 +356,64 @@ def demo_chunks(demos, horizon: int, step_rewards: np.ndarray, rows: int, rng: n
             "next_index": np.where(ends, -1, chosen + horizon)}
 
 
+@dataclass
+class QCLoop:
+    """What vla_qc's online loop carries from one chunk to the next beyond the runner's counters, saved with
+    every online checkpoint. A resume starts a fresh episode, so the open episode is not in it."""
+    checkpoints_written: int = 0
+    critic_updates_owed: int = 0
+    bc_steps_owed: int = 0     # env steps towards the next BC step of the VLA (finetune != frozen)
+    next_eval: int = 0
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for field in fields(self):
+            setattr(self, field.name, int(state[field.name]))
+
+
 class VLAQCRunner(VLAFinetuneRunner):
     """VLARunner with the online phase of `online_algo=vla_qc`: one env of the fine-tuned task (frames and
     the instruction), a chunk per boundary, chunk transitions into a ChunkReplay, `utd` critic updates per
     env step. The switch knobs are the runner's: `warmup_steps` act with the VLA's own sample (no
     selection, no updates), `random_steps` with uniform chunks; evaluation covers every task of the suite,
-    so the other tasks' success before and after is the forgetting measurement."""
+    so the other tasks' success before and after is the forgetting measurement. Online checkpoints hold
+    the chunk replay (with its frames when the VLA learns) and the loop's `QCLoop`."""
+
+    chunk_replay: ChunkReplay | None = None   # the online phase's; built at its start or by a resume
 
     def _online_agent(self):
+        self.loop = QCLoop()
         return agents.continue_from("vla_qc", self.offline_agent, self.cfg.online_agent, seed=self.cfg.seed)
+
+    def _new_replay(self, frames: dict | None) -> ChunkReplay:
+        cfg, agent = self.cfg, self.agent
+        return ChunkReplay(max(1, min(cfg.replay_capacity, cfg.online_steps)), agent.obs_dim, agent.actor.text_dim,
+                           agent.horizon, agent.act_dim, agent.cfg.num_samples, seed=cfg.seed + 1, frames=frames)
+
+    def _replay_state(self) -> dict[str, np.ndarray]:
+        return self.chunk_replay.state_dict() if self.chunk_replay is not None else super()._replay_state()
+
+    def _load_replay(self, ckpt: Checkpoint) -> None:
+        if self.phase != "online":
+            return super()._load_replay(ckpt)
+        saved = ckpt.replay
+        keys = [image_key(camera) for camera in self.agent.actor.cameras] if self.agent.learns else []
+        try:
+            replay = self._new_replay({k: saved[f"frames/{k}"].shape[1:] for k in keys} if self.agent.learns else None)
+            replay.load_state_dict(saved)
+        except (KeyError, ValueError, TypeError) as err:
+            raise CheckpointError(f"checkpoint {ckpt.path / 'replay_online.npz'} does not hold this run's chunk "
+                                  f"replay ({type(err).__name__}: {first_line(err)}); {fallback(ckpt.path)}") from None
+        self.chunk_replay = replay
+
+    def loop_state(self) -> dict | None:
+        return self.loop.state_dict() if getattr(self, "loop", None) is not None else None
+
+    def load_loop_state(self, state: dict | None) -> None:
+        if state is not None:
+            self.loop.load_state_dict(state)
 
     def _chunk_source(self, choice: dict) -> np.ndarray:
         """The executed chunk at this boundary: per `action_source`, the VLA's own first sample (warmup),
@@ -405,31 +481,36 @@ class VLAQCRunner(VLAFinetuneRunner):
     def _run_online(self) -> None:
         cfg, agent = self.cfg, self.agent
         h, n, learns = agent.horizon, agent.cfg.num_samples, agent.learns
-        if agent.cfg.critic_pretrain_steps > 0 and cfg.online_steps > 0:
+        loop, resumed = self.loop, self.online_step > 0
+        if not resumed:
+            loop.next_eval = cfg.eval_every_online
+            loop.checkpoints_written = self.offline_step // cfg.checkpoint_every if cfg.checkpoint_every > 0 else 0
+        if agent.cfg.critic_pretrain_steps > 0 and cfg.online_steps > 0 and not resumed:
             self._pretrain_critic()
         if learns and self.dataset is None:
             raise ConfigError(f"algo.online_agent.finetune={agent.cfg.finetune} trains the VLA on the pretraining demos "
                               "too: run with the suite's dataset (dataset=task), not pretrained= alone")
         env = sims.make(cfg.env, **self._env_kwargs(self.finetune_task))
-        obs, _ = env.reset(seed=cfg.seed + 7)
+        obs, _ = env.reset(seed=cfg.seed + 7 + self.online_step)   # a resume starts a fresh episode
         frame_keys = [image_key(camera) for camera in agent.actor.cameras] if learns else []
-        replay = ChunkReplay(max(1, min(cfg.replay_capacity, cfg.online_steps)), agent.obs_dim, agent.actor.text_dim,
-                             h, agent.act_dim, n, seed=cfg.seed + 1,
-                             frames={k: obs[k].shape for k in frame_keys} if learns else None)
-        generator = torch.Generator(device=agent.device).manual_seed(cfg.seed + 11)
-        bc_batch, bc_owed, bc_window = agent.cfg.bc_batch_size or cfg.online_batch_size, 0, []
+        if self.chunk_replay is None:
+            self.chunk_replay = self._new_replay({k: obs[k].shape for k in frame_keys} if learns else None)
+        replay = self.chunk_replay
+        generator = torch.Generator(device=agent.device).manual_seed(cfg.seed + 11 + self.online_step)
+        bc_batch, bc_window = agent.cfg.bc_batch_size or cfg.online_batch_size, []
         episode_step, limit = 0, getattr(env.spec, "max_episode_steps", None) or float("inf")
         # no eval at online step 0: with an untrained critic best-of-N picks a uniformly random sample, the
         # VLA's own distribution, which the end-of-pretraining eval already measured on the same start states
-        bar = tqdm(total=cfg.online_steps, desc=f"online vla_qc task {self.finetune_task}", disable=not self.progress,
-                   dynamic_ncols=True)
-        pending, owed, episode_return, next_eval = None, 0, 0.0, cfg.eval_every_online
+        bar = tqdm(total=cfg.online_steps, initial=self.online_step, desc=f"online vla_qc task {self.finetune_task}",
+                   disable=not self.progress, dynamic_ncols=True)
+        pending, episode_return = None, 0.0
         window, acting = [], []   # critic-update metrics; acting diagnostics per chunk
         while self.online_step < cfg.online_steps:
             choice = agent.select(stack_observations([obs]), generator)
             if pending is not None:  # the last chunk's transition bootstraps from this state's candidates
                 replay.add(**pending, next_candidates=choice["candidates"][0])
                 pending = None
+            self._maybe_checkpoint_crossing(self.offline_step + self.online_step)   # every chunk so far is in replay
             chunk, text, state = self._chunk_source(choice), choice["text"][0], obs[STATE_KEY].copy()
             inputs = {"frames": {k: obs[k].copy() for k in frame_keys}, "instruction": obs[TASK_KEY]} if learns else {}
             spread = np.linalg.norm(choice["candidates"][0] - choice["candidates"][0].mean(0), axis=-1).mean()
@@ -447,8 +528,8 @@ class VLAQCRunner(VLAFinetuneRunner):
                 self.online_step += 1
                 bar.update(1)
                 if self.online_step > self.learning_start():
-                    owed += cfg.utd
-                    bc_owed += int(learns)
+                    loop.critic_updates_owed += cfg.utd
+                    loop.bc_steps_owed += int(learns)
                 if terminated or truncated or self.online_step >= cfg.online_steps:
                     break
             row = dict(observations=state, text=text, actions=chunk, rewards=rewards, valid=valid, terminals=terminals,
@@ -467,11 +548,11 @@ class VLAQCRunner(VLAFinetuneRunner):
                                 step=self.online_step, phase="online", kind="train")
                 obs, _ = env.reset(seed=cfg.seed + 7 + self.online_step)
                 episode_return, episode_step = 0.0, 0
-            if owed and len(replay):
-                window += [agent.update(replay.sample(cfg.online_batch_size)) for _ in range(owed)]
-                owed = 0
-            if bc_owed >= agent.cfg.bc_every and len(replay):
-                steps, bc_owed = divmod(bc_owed, agent.cfg.bc_every)
+            if loop.critic_updates_owed and len(replay):
+                window += [agent.update(replay.sample(cfg.online_batch_size)) for _ in range(loop.critic_updates_owed)]
+                loop.critic_updates_owed = 0
+            if loop.bc_steps_owed >= agent.cfg.bc_every and len(replay):
+                steps, loop.bc_steps_owed = divmod(loop.bc_steps_owed, agent.cfg.bc_every)
                 bc_window += [agent.bc_update(self._bc_batch(replay, bc_batch)) for _ in range(steps)]
             if self.online_step // cfg.log_every > (self.online_step - h) // cfg.log_every and acting:
                 # action distance: the executed chunk from the mean of the VLA's samples at that state (the
@@ -486,10 +567,10 @@ class VLAQCRunner(VLAFinetuneRunner):
                                  "total_step": self.offline_step + self.online_step},
                                 step=self.online_step, phase="online", kind="train")
                 window, acting, bc_window = [], [], []
-            if self.online_step >= next_eval or self.online_step >= cfg.online_steps:
+            if self.online_step >= loop.next_eval or self.online_step >= cfg.online_steps:
                 record = self.evaluate(self.online_step, self.offline_step + self.online_step)
                 bar.set_postfix(success=f"{record['eval/success']:.2f}")
-                next_eval += cfg.eval_every_online
+                loop.next_eval += cfg.eval_every_online
         bar.close()
         env.close()
         if agent.cfg.finetune == "lora":

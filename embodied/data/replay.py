@@ -174,7 +174,7 @@ class ReplayBuffer:
             state[key] = np.asarray(getattr(self, key), np.int64)
         state["episode_open"] = np.asarray(self.episode_open)
         state["has_mc_returns"] = np.asarray(self.has_mc_returns)
-        state["rng_state"] = _encode_rng(self.rng)
+        state["rng_state"] = encode_rng(self.rng)
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -190,7 +190,7 @@ class ReplayBuffer:
         self.ptr, self.size, self.next_episode = int(state["ptr"]), size, int(state["next_episode"])
         self.episode_open = bool(state["episode_open"])
         self.has_mc_returns = bool(state["has_mc_returns"])
-        self.rng = _decode_rng(state["rng_state"])
+        self.rng = decode_rng(state["rng_state"])
 
 
 class MixedReplay:
@@ -289,7 +289,7 @@ def _nan_rows(template: np.ndarray, rows: int) -> np.ndarray:
 _MASK64 = (1 << 64) - 1
 
 
-def _encode_rng(rng: np.random.Generator) -> np.ndarray:
+def encode_rng(rng: np.random.Generator) -> np.ndarray:
     """PCG64 state as uint64 words (its 128-bit ints do not fit an int64 array)."""
     state = rng.bit_generator.state
     if state["bit_generator"] != "PCG64":
@@ -299,7 +299,7 @@ def _encode_rng(rng: np.random.Generator) -> np.ndarray:
     return np.asarray(words, dtype=np.uint64)
 
 
-def _decode_rng(words: np.ndarray) -> np.random.Generator:
+def decode_rng(words: np.ndarray) -> np.random.Generator:
     w = [int(x) for x in words]
     bit_generator = np.random.PCG64()
     bit_generator.state = {

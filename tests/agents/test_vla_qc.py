@@ -192,10 +192,48 @@ def test_vla_qc_config_errors_before_any_work():
     check_config(compose_train(VLA_QC_TINY))
     with pytest.raises(ConfigError, match="algo.online_agent.task=7 is not in env.tasks"):
         check_config(compose_train([*VLA_QC_TINY, "algo.online_agent.task=7"]))
-    with pytest.raises(ConfigError, match="set checkpoint.every=0"):
-        check_config(compose_train([*VLA_QC_TINY, "checkpoint.every=10"]))
+    check_config(compose_train([*VLA_QC_TINY, "checkpoint.every=10"]))   # online checkpoints are written
     with pytest.raises(ConfigError, match="env.options=.* with the suite env=cube-single: .*drop env.options"):
         check_config(compose_train([*VLA_QC_TINY, "env.options.task_id=2"]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("finetune", ["frozen", "lora"])
+def test_vla_qc_resumes_from_an_online_checkpoint_with_its_chunk_replay(tmp_path, monkeypatch, finetune):
+    """An online checkpoint holds the chunk replay (with the frames the VLA's BC reads when it learns), the
+    loop's owed updates and next eval, and the VLA itself; a run resumed from it finishes the budget on the
+    pretrained VLA's weights, not an untrained one's."""
+    import shutil
+
+    from embodied.checkpoints import find_checkpoints
+
+    monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path / "cache"))
+    overrides = [*VLA_QC_TINY, "checkpoint.every=16", "checkpoint.keep=5", f"algo.online_agent.finetune={finetune}",
+                 *(["algo.online_agent.bc_every=4"] if finetune == "lora" else [])]
+    full = run(compose_train(overrides), tmp_path / "run")
+    online = [p for p in find_checkpoints(tmp_path / "run")
+              if json.loads((p / "state.json").read_text())["phase"] == "online"]
+    # 6 offline steps, 8-step chunks: the totals 22 and 38 cross 16 and 32 at the chunk starts 16 and 32
+    assert [json.loads((p / "state.json").read_text())["online_step"] for p in online] == [16, 32]
+    loop = json.loads((online[0] / "state.json").read_text())["loop"]
+    assert loop["checkpoints_written"] == 1 and loop["next_eval"] == 40
+    with np.load(online[0] / "replay_online.npz", allow_pickle=False) as replay:
+        assert replay["counts"].tolist()[1] == 2 and replay["instructions"].shape == (2,)   # chunks 0-8, 8-16
+        frames = [k for k in replay.files if k.startswith("frames/")]
+        assert (len(frames) == 1 and replay[frames[0]].shape[0] == 2) if finetune == "lora" else not frames
+
+    shutil.copytree(tmp_path / "run", tmp_path / "resumed")   # as if killed after the first online checkpoint
+    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / online[1].name)
+    resumed = run(compose_train([*overrides, "resume=true"]), tmp_path / "resumed")
+    assert resumed["online_steps"] == 40 and resumed["finetune"]["success_before"] == full["finetune"]["success_before"]
+    lines = [json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines if line["phase"] == "online" and line["kind"] == "eval"] == [40]
+    assert [line["step"] for line in lines if "train/critic_loss" in line] == [16, 32]
+    if finetune == "frozen":   # the resumed run acted with the pretrained VLA, restored from the checkpoint
+        before, after = policies.load(tmp_path / "run" / "policy"), policies.load(tmp_path / "resumed" / "policy")
+        assert all(torch.equal(v, after.state_dict()[k]) for k, v in before.state_dict().items())
+    else:
+        assert any("train/bc_loss" in line for line in lines if line["step"] > 16)
 
 
 @pytest.mark.slow
