@@ -62,11 +62,14 @@ PEAKS = ("peak_speed_ratio", "peak_acc_ratio", "peak_box_excess_m", "peak_cmd_la
 
 def fold_peaks(robot, overall: dict) -> dict:
     """Read the server's peaks since the last reset into `overall`, reset them, return them. `overall`
-    also keeps what the arm was doing at the largest box excess (`peak_box_at`, from the server)."""
+    also keeps what the arm was doing at the largest box excess and acceleration (`peak_box_at`,
+    `peak_acc_at`, from the server)."""
     state = robot.server_state()
     stretch = {k: state.get(k, 0.0) for k in PEAKS}
     if stretch["peak_box_excess_m"] > overall["peak_box_excess_m"]:
         overall["peak_box_at"] = state.get("peak_box_at", {})
+    if stretch["peak_acc_ratio"] > overall["peak_acc_ratio"]:
+        overall["peak_acc_at"] = state.get("peak_acc_at", {})
     for k in PEAKS:
         overall[k] = max(overall[k], stretch[k])
     robot.reset_peaks()
@@ -140,7 +143,7 @@ def fuzz_mode(mode: str, commands: int, seed: int) -> dict:
             "monitor_workspace_tol_m": cfg.monitor_workspace_tol_m, "holds_rearmed": dict(holds),
             "hold_reasons": dict(reasons.most_common(12)),
             "box_excess_m_by_what_ended_the_stretch": {k: round(v, 4) for k, v in box_by_end.items()},
-            "peak_box_at": overall.get("peak_box_at", {}),
+            "peak_box_at": overall.get("peak_box_at", {}), "peak_acc_at": overall.get("peak_acc_at", {}),
             "safety": robot.chain.summary(), "server_overruns": server.get("overruns"),
             "self_collision_stops": server.get("collision_stops"),
             "goals_met": bool(peaks["peak_speed_ratio"] <= 1.05 and peaks["peak_acc_ratio"] <= 1.05
@@ -189,6 +192,7 @@ def main() -> None:
         print("   safety:", r["safety"]["by_kind"], flush=True)
         print("   box excess by what ended the stretch:", r["box_excess_m_by_what_ended_the_stretch"], flush=True)
         print("   at the largest box excess:", r["peak_box_at"], flush=True)
+        print("   at the largest acceleration:", r["peak_acc_at"], flush=True)
     stall = process_stall()
     print(f"process stall {stall['stall_s']} s: arm held {stall['hold_after_last_command_ms']} ms after the last "
           f"command (limit {stall['limit_ms']} ms, reason {stall['hold_reason']}), goal "

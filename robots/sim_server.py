@@ -206,6 +206,7 @@ class SimArmServer:
         # what the arm was doing at the tick of the largest box excess since the last reset (`_measure`):
         # the fuzz benchmark attributes an excursion with it, not by guessing from what ended the stretch
         self.peak_box_at: dict = {}
+        self.peak_acc_at: dict = {}   # the same at the largest acceleration, with that joint's velocities
         self._tick_s, self._cmd_started_s, self._cmd_late_s = 0.0, None, 0.0
 
     def _stop(self, now: float, op: str, reason: str) -> None:
@@ -297,6 +298,13 @@ class SimArmServer:
                 (float(np.max(np.abs(self.data.qvel[:6]))) < 0.02 and not self._contact_ticks)
                 or now - (self.t_hold_s or now) > self.settle_s):
             self.mode, self._recover_pending = "hold", False
+            if not self.cartesian:
+                # the settle timeout can release an arm that still moves (a self-collision's spring-back):
+                # the hold brakes it from its own position and speed at the acceleration limit. Holding
+                # where the stop froze the reference yanked it back instead (1.28x in a loaded fuzz, 6x
+                # released at once: test_a_recover_that_releases_a_moving_arm_brakes_it_within_the_...)
+                self.target = self.data.qpos[:6].copy()
+                self.target_vel = np.clip(self.data.qvel[:6], -self.vmax, self.vmax)
             # the stop itself is not the controller's motion (a category-0 stop is harder than the
             # acceleration limit): the acceleration window starts again after it, instead of spanning
             # the stop's last ticks (measured: 2.1x on the first tick after a release)
@@ -323,19 +331,27 @@ class SimArmServer:
             acc = (qd - old) / (self._window / self.rate_hz)
             ratio = np.abs(acc) / self.amax
             if self.mode != "estop" and not self._contact_ticks and ratio.max() > self.peaks["peak_acc_ratio"]:
-                self.peaks["peak_acc_ratio"], self.peaks["peak_acc_joint"] = float(ratio.max()), int(ratio.argmax())
+                joint = int(ratio.argmax())
+                self.peaks["peak_acc_ratio"], self.peaks["peak_acc_joint"] = float(ratio.max()), joint
+                self.peak_acc_at = {**self._moment(now, qd), "joint": joint,
+                                    "window_vel_rad_s": [round(float(old[joint]), 4), round(float(qd[joint]), 4)],
+                                    "target_vel_rad_s": round(float(self.target_vel[joint]), 4)}
         if self._contact_ticks:
             return  # a collision's impact and its stop are counted as collision_stops, not as overshoots
         p = d.site_xpos[self.arm.site]
         excess = box_distance_m(p, self.box_lo, self.box_hi)
         if excess > self.peaks["peak_box_excess_m"]:
             self.peaks["peak_box_excess_m"] = excess
-            ms = lambda t: None if t is None else round(1e3 * (now - t), 1)
-            self.peak_box_at = {
-                "mode": self.mode, "braking": bool(self.braking), "ramping": bool(self.ramp_ticks),
+            self.peak_box_at = self._moment(now, qd)
+
+    def _moment(self, now: float, qd: np.ndarray) -> dict:
+        """What the arm is doing this tick, for attributing a peak to its cause."""
+        ms = lambda t: None if t is None else round(1e3 * (now - t), 1)
+        return {"mode": self.mode, "braking": bool(self.braking), "ramping": bool(self.ramp_ticks),
                 "since_command_started_ms": ms(self._cmd_started_s), "since_last_command_ms": ms(self.last_cmd_s),
-                "last_command_late_ms": round(1e3 * self._cmd_late_s, 1), "pending": len(self.pending),
-                "tracking_error_mrad": round(1e3 * float(np.max(np.abs(self.target - d.qpos[:6]))), 1),
+                "since_hold_ms": ms(self.t_hold_s), "last_command_late_ms": round(1e3 * self._cmd_late_s, 1),
+                "pending": len(self.pending),
+                "tracking_error_mrad": round(1e3 * float(np.max(np.abs(self.target - self.data.qpos[:6]))), 1),
                 "speed_ratio": round(float(np.max(np.abs(qd) / self.vmax)), 3)}
 
     def _delay(self) -> float:
@@ -455,7 +471,7 @@ class SimArmServer:
             self.hold_reason, self._qd_window = "reset", []
             self.frames.due_now()  # the next frame shows the new scene
         elif op == "reset_peaks":
-            self.peaks, self.peak_box_at = dict.fromkeys(self.peaks, 0.0), {}
+            self.peaks, self.peak_box_at, self.peak_acc_at = dict.fromkeys(self.peaks, 0.0), {}, {}
         elif op == "set":
             for key in ("latency_ms", "jitter_ms"):
                 if key in msg:
@@ -480,7 +496,7 @@ class SimArmServer:
                 "gripper_width_m": self.arm.gripper_width(d), "mode": self.mode, "t_hold_s": self.t_hold_s,
                 "hold_reason": self.hold_reason, "last_cmd_sent_s": self.last_cmd_sent_s,
                 "target_rad": self.target.tolist(), "target_vel_rad_s": self.target_vel.tolist(), **self.stats, **self.peaks,
-                "peak_box_at": self.peak_box_at,
+                "peak_box_at": self.peak_box_at, "peak_acc_at": self.peak_acc_at,
                 **self.snapshot}
 
     def _physics_cartesian(self) -> None:

@@ -150,9 +150,36 @@ def test_ee_delta_through_ik_keeps_the_measured_arm_inside_its_limits(ee_arm):
     assert state["cmds_ignored"] == 0 and state["mode"] == "run"   # all of them executed, as joint targets
     assert state["peak_speed_ratio"] <= 1.05 and state["peak_acc_ratio"] <= 1.05
     assert state["peak_box_excess_m"] <= robot.config.monitor_workspace_tol_m
+    at = state["peak_acc_at"]   # what the arm was doing at that peak, for the fuzz's attribution
+    assert at["joint"] == state["peak_acc_joint"] and at["mode"] == "run" and len(at["window_vel_rad_s"]) == 2
     counts = robot.chain.counts
     assert counts[("ee_step", "clip")] > 0 and counts[("workspace", "clip")] > 0
     robot.hold()
+
+
+@pytest.mark.slow
+def test_a_recover_that_releases_a_moving_arm_brakes_it_within_the_acceleration_limit():
+    """A recover releases an e-stop after `estop_settle_ms` even while the arm still moves (a self-collision
+    can leave it springing back). The hold's reference then takes the arm's own position and speed and
+    brakes at the acceleration limit; holding the position the stop froze yanked the arm back, and a
+    loaded fuzz counted that as the controller's acceleration (1.28x, 310 ms after the stop, issue 14)."""
+    cfg = robots.load_config("sim_ur5e")
+    cfg["control_mode"] = "joint_velocity"
+    cfg["sim"] = {**cfg.get("sim", {}), "estop_settle_ms": 4.0}   # released long before the arm rests
+    with robots.make(cfg) as robot:
+        robot.arm()
+        end = time.monotonic() + 1.2
+        while time.monotonic() < end:   # the base joint up to its speed limit (send_action paces itself)
+            robot.send_action(np.array([1.0, 0, 0, 0, 0, 0, 0.085]))
+        robot.estop()
+        robot.reset_peaks()              # the stop itself is a category-0 stop: not counted
+        robot.recover()
+        time.sleep(0.05)
+        state = robot.server_state()
+        assert state["mode"] == "hold"
+        time.sleep(0.4)
+        state = robot.server_state()
+    assert state["peak_acc_ratio"] <= 1.05, state["peak_acc_at"]
 
 
 @pytest.mark.slow
