@@ -82,7 +82,7 @@ def _fmt(ci, digits: int = 2) -> str:
     return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
-def markdown(rows: list[dict], throughput: dict | None) -> str:
+def markdown(rows: list[dict], throughput: list[dict]) -> str:
     out = ["| method | success before -> after (95% CI) | per seed | real env steps online | imagined steps | "
            "PPO iterations | training-episode success first -> last 10% |", "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -91,22 +91,29 @@ def markdown(rows: list[dict], throughput: dict | None) -> str:
         out.append(f"| {r['method']} | {_fmt(r['success_before'])} -> {_fmt(r['success_after'])} | {seeds} | "
                    f"{max(r['real_env_steps_online']):,} | {max(r['imagined_steps_online']):,} | "
                    f"{min(r['ppo_iterations'])}-{max(r['ppo_iterations'])} | {train} |")
-    if throughput is not None:
+    for row in throughput or []:
         out.append("")
-        out.append(f"Throughput (`{throughput['file']}`): " + "; ".join(
-            f"{k}: {v}" for k, v in throughput.items() if k != "file"))
+        out.append(f"Throughput against {row['env']} (`{row['file']}`): " + "; ".join(
+            f"{k}: {v}" for k, v in row.items() if k not in ("file", "env")))
     return "\n".join(out)
 
 
-def latest_throughput() -> dict | None:
-    """Imagined transitions/s over real steps/s per model, from the latest throughput benchmark."""
-    files = sorted((HERE / "results").glob("world_model_throughput-*.json"))
-    if not files:
-        return None
-    data = json.loads(files[-1].read_text())
-    ratios = {name: f"{m['ratio']:.1f}x ({m['transitions_per_s']:,.0f} vs {data['real_steps_per_s']:,.0f} real steps/s)"
-              for name, m in data.get("imagined", {}).items()}
-    return {"file": f"results/{files[-1].name}", **ratios, "goal": f"{data.get('goal_ratio', 20):.0f}x"}
+def latest_throughput() -> list[dict]:
+    """Imagined transitions/s over real steps/s per model, from the latest throughput benchmark of each sim
+    (files written before `--env` existed measured pointmaze-umaze)."""
+    latest: dict[str, tuple[str, Path]] = {}
+    for path in (HERE / "results").glob("world_model_throughput-*.json"):
+        stamp = "-".join(path.stem.split("-")[-2:])   # <date>-<time>
+        env = json.loads(path.read_text()).get("env", "pointmaze-umaze")
+        if env not in latest or stamp > latest[env][0]:
+            latest[env] = (stamp, path)
+    out = []
+    for env, (_, path) in sorted(latest.items()):
+        data = json.loads(path.read_text())
+        ratios = {name: f"{m['ratio']:.1f}x ({m['transitions_per_s']:,.0f} vs {data['real_steps_per_s']:,.0f} real steps/s)"
+                  for name, m in data.get("imagined", {}).items()}
+        out.append({"file": f"results/{path.name}", "env": env, **ratios, "goal": f"{data.get('goal_ratio', 20):.0f}x"})
+    return out
 
 
 def _online_evals(run_dir: Path) -> dict[int, float]:

@@ -213,4 +213,6 @@ def test_diwa_fine_tunes_in_the_world_model_and_takes_no_real_step_online(tmp_pa
     spec.loader.exec_module(bench)
     row = bench.method_row(tmp_path)
     assert row["method"] == "diwa" and row["real_env_steps_online"] == [0] and row["ppo_iterations"][0] == len(train)
-    assert "| diwa |" in bench.markdown([row], None)
+    assert "| diwa |" in bench.markdown([row], [])
+    ratio = {"file": "results/t.json", "env": "cube-single", "mopo_5x200x3": "63.5x", "goal": "20x"}
+    assert "Throughput against cube-single (`results/t.json`): mopo_5x200x3: 63.5x" in bench.markdown([row], [ratio])
