@@ -209,11 +209,13 @@ class SimArm(Robot):
         self._send({"op": "estop"})
 
     def _recover(self) -> None:
+        sent = time.monotonic()   # the server stamps its states on this machine's monotonic clock
         self._send({"op": "recover"})
-        deadline = time.monotonic() + 1.0
+        deadline = sent + 1.0
         while time.monotonic() < deadline:  # so that the next arm() sees the stop released
             self._drain()
-            if (self._latest or {}).get("mode") != "estop":
+            latest = self._latest or {}
+            if latest.get("t_s", 0.0) > sent and latest.get("mode") != "estop":   # not a state from before
                 return
             time.sleep(0.002)
         raise RobotFault("sim arm did not leave its stop after recover")
