@@ -26,7 +26,7 @@ End-effector deltas never reach the server: the client solves them to joint targ
 (`ArmModel.ik`, damped least squares at the pinch site) and those pass the joint safety checks first.
 The server has its own state: `run` follows commands; `hold` brakes the targets at the acceleration
 limit, keeps the position where they stop and ignores commands until `arm`; `estop` stops at once
-and waits for `recover`. Like a real arm it has its own command deadline: in `run`, no command for
+and waits for `recover`, which it takes only once the arm rests (`_release_stop`). Like a real arm it has its own command deadline: in `run`, no command for
 `watchdog_deadline_ms` is a hold with `hold_reason: watchdog`, whatever happens to the controller.
 It also measures what it executes (peak joint speed and acceleration over a control period against the
 limits, the furthest the pinch site got outside the workspace box) and publishes the peaks with the
