@@ -101,15 +101,15 @@ def markdown(rows: list[dict], throughput: list[dict]) -> str:
 def latest_throughput() -> list[dict]:
     """Imagined transitions/s over real steps/s per model, from the latest throughput benchmark of each sim
     (files written before `--env` existed measured pointmaze-umaze)."""
-    latest: dict[str, tuple[str, Path]] = {}
+    latest: dict[str, tuple[str, Path, dict]] = {}
     for path in (HERE / "results").glob("world_model_throughput-*.json"):
         stamp = "-".join(path.stem.split("-")[-2:])   # <date>-<time>
-        env = json.loads(path.read_text()).get("env", "pointmaze-umaze")
-        if env not in latest or stamp > latest[env][0]:
-            latest[env] = (stamp, path)
-    out = []
-    for env, (_, path) in sorted(latest.items()):
         data = json.loads(path.read_text())
+        env = data.get("env", "pointmaze-umaze")
+        if env not in latest or stamp > latest[env][0]:
+            latest[env] = (stamp, path, data)
+    out = []
+    for env, (_, path, data) in sorted(latest.items()):
         ratios = {name: f"{m['ratio']:.1f}x ({m['transitions_per_s']:,.0f} vs {data['real_steps_per_s']:,.0f} real steps/s)"
                   for name, m in data.get("imagined", {}).items()}
         out.append({"file": f"results/{path.name}", "env": env, **ratios, "goal": f"{data.get('goal_ratio', 20):.0f}x"})

@@ -14,8 +14,8 @@ shared, so CPU time is what each side costs. The two sides run in alternating ro
 ratio is the median of the per-round ratios.
 Imagined side: a `StateEnsembleModel` at two sizes, 5 members x 3 hidden layers of 200 (MOPO-sized, one
 layer fewer) and 5 x 2 x 128, a `SuccessClassifier` on sparse tasks (fitted for 200 steps so its
-terminations are plausible; dense tasks use the model's reward and termination heads), the max-std penalty, horizon 10, start states from the real
-rollout just recorded; `env.step` on [256, 2] random actions timed, reset steps included (they count as
+terminations are plausible; dense tasks use the model's reward and termination heads), the max-std
+penalty, horizon 10, start states from the real rollout just recorded; `env.step` on [256, 2] random actions timed, reset steps included (they count as
 transitions even though NEXT_STEP resets emit no model step: at horizon 10 that is 1 step in 11, so the
 figure is also given without them). The dynamics models are untrained: their speed does not depend on the weights.
 Writes benchmarks/results/world_model_throughput-<time>.json with the CPU and the load average.
@@ -135,7 +135,8 @@ def main(argv=None) -> dict:
     imagined = {name: {key: statistics.median(r[key] for r in rs) for key in rs[0]} | {"rounds": rs}
                 for name, rs in rounds.items()}
     result = {
-        "env": args.env, "success_classifier": sparse, "clock": args.clock, "rounds": args.rounds, "real_steps_per_s_rounds": reals,
+        "env": args.env, "success_classifier": sparse,
+        "clock": args.clock, "rounds": args.rounds, "real_steps_per_s_rounds": reals,
         "real_steps_per_s": real, "real_steps": args.real_steps,
         "imagined_batch": args.batch, "imagined_vector_steps": args.imagined_steps, "imagined": imagined,
         "goal_ratio": 20.0, "threads": 1, "cpu": cpu_info(), "uptime_before": load_before, "uptime_after": uptime(),

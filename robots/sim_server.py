@@ -26,8 +26,9 @@ End-effector deltas never reach the server: the client solves them to joint targ
 (`ArmModel.ik`, damped least squares at the pinch site) and those pass the joint safety checks first.
 The server has its own state: `run` follows commands; `hold` brakes the targets at the acceleration
 limit, keeps the position where they stop and ignores commands until `arm`; `estop` stops at once
-and waits for `recover`, which it takes only once the arm rests (`_release_stop`). Like a real arm it has its own command deadline: in `run`, no command for
-`watchdog_deadline_ms` is a hold with `hold_reason: watchdog`, whatever happens to the controller.
+and waits for `recover`, which it takes only once the arm rests (`_release_stop`). Like a real arm it
+has its own command deadline: in `run`, no command for `watchdog_deadline_ms` is a hold with
+`hold_reason: watchdog`, whatever happens to the controller.
 It also measures what it executes (peak joint speed and acceleration over a control period against the
 limits, the furthest the pinch site got outside the workspace box) and publishes the peaks with the
 state, for the fuzz benchmarks (`reset_peaks` clears them).
@@ -300,8 +301,7 @@ class SimArmServer:
         # yanked it to the frozen reference (1.28x in a loaded fuzz, 6x in
         # test_a_recover_while_the_arm_still_moves_waits_for_rest); a hold that took over the moving arm's
         # speed instead was re-armed while braking from a stale measured speed (1.06x in 2 of 6 runs)
-        resting = float(np.max(np.abs(self.data.qvel[:6]))) < 0.02
-        if self.mode == "estop" and self._recover_pending and resting and (
+        if self.mode == "estop" and self._recover_pending and float(np.max(np.abs(self.data.qvel[:6]))) < 0.02 and (
                 not self._contact_ticks or now - (self.t_hold_s or now) > self.settle_s):
             self.mode, self._recover_pending = "hold", False
             if not self.cartesian:   # the hold starts where the resting arm is, not where the stop froze it

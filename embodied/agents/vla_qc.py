@@ -398,9 +398,8 @@ class VLAQCRunner(VLAFinetuneRunner):
     def _load_replay(self, ckpt: Checkpoint) -> None:
         if self.phase != "online":
             return super()._load_replay(ckpt)
-        saved = ckpt.replay
-        keys = [image_key(camera) for camera in self.agent.actor.cameras] if self.agent.learns else []
-        try:
+        saved, keys = ckpt.replay, [image_key(camera) for camera in self.agent.actor.cameras]
+        try:   # the frames' shapes are the saved ones: load_state_dict checks the rest
             replay = self._new_replay({k: saved[f"frames/{k}"].shape[1:] for k in keys} if self.agent.learns else None)
             replay.load_state_dict(saved)
         except (KeyError, ValueError, TypeError) as err:
