@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 from machine import cpu_info, uptime  # noqa: E402
+from embodied.errors import exit_on_user_error  # noqa: E402
 
 
 CLOCK = {"cpu": time.process_time, "wall": time.perf_counter}
@@ -97,6 +98,7 @@ def bench_imagined(ds, batch: int, steps: int, size: tuple[int, int, int], class
             "step_ms": 1e3 * elapsed / steps}
 
 
+@exit_on_user_error   # a bad --env is one line naming the registered sims
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--env", default="pointmaze-umaze", help="any state task of sims (hopper, cube-single, ...)")
