@@ -23,7 +23,7 @@ run folders (any nesting; o2o_compare's scratch and wsrl runs of a task count), 
     python -m embodied.train experiment=o2o_hopper algo=tdmpc2 seed=0 hydra.run.dir=runs/tdmpc2_hopper_s0 ...
     python benchmarks/world_model.py --efficiency runs/tdmpc2_hopper_s* benchmarks/results/raw/o2o/hopper
 
-Per method: the online eval score at each shared eval step (mean and 95% bootstrap CI over seeds), the
+Per method: the online eval score (success rate on sparse tasks) at each shared eval step (mean and 95% bootstrap CI over seeds), the
 final score, the offline steps each run had before its online ones (WSRL's pretraining; the others none)
 and the wall clock of each run from its status.json (pretraining included).
 """
@@ -116,8 +116,8 @@ def latest_throughput() -> list[dict]:
     return out
 
 
-def _online_evals(run_dir: Path) -> dict[int, float]:
-    return {x["step"]: x["eval/score"] for x in eval_points(_metrics(run_dir), "eval/score") if x.get("phase") == "online"}
+def _online_evals(run_dir: Path, key: str = "eval/score") -> dict[int, float]:
+    return {x["step"]: x[key] for x in eval_points(_metrics(run_dir), key) if x.get("phase") == "online"}
 
 
 def _wall_clock_min(run_dir: Path) -> float | None:
@@ -142,7 +142,10 @@ def efficiency_rows(folders: list[Path]) -> dict:
     budgets = {m: {r.summary["online_steps"] for r in rs} for m, rs in by_method.items()}
     if len({b for bs in budgets.values() for b in bs}) > 1:
         raise SystemExit(f"error: the runs have different online budgets {budgets}; compare at one budget")
-    curves = {m: [_online_evals(r.path) for r in rs] for m, rs in by_method.items()}
+    # sparse tasks (cube-single, PointMaze) are read by success rate: their return only counts steps to success
+    sparse = all(r.summary.get("online_success") is not None for r in runs)
+    key, final_key = ("eval/success", "online_success") if sparse else ("eval/score", "final_score")
+    curves = {m: [_online_evals(r.path, key) for r in rs] for m, rs in by_method.items()}
     shared = sorted(set.intersection(*[set(c) for cs in curves.values() for c in cs]))
     rows = []
     for method, rs in sorted(by_method.items()):
@@ -150,11 +153,12 @@ def efficiency_rows(folders: list[Path]) -> dict:
             "method": method, "seeds": sorted(r.summary["seed"] for r in rs),
             "online_steps": rs[0].summary["online_steps"],
             "offline_steps": sorted({r.summary.get("offline_steps", 0) for r in rs}),
-            "final": bootstrap_ci([r.summary["final_score"] for r in rs]),
+            "final": bootstrap_ci([r.summary[final_key] for r in rs]),
             "curve": {step: bootstrap_ci([c[step] for c in curves[method]]) for step in shared},
             "wall_clock_min": [_wall_clock_min(r.path) for r in rs],
         })
-    return {"env": envs[0], "score_kind": runs[0].summary.get("score_kind"), "eval_steps": shared, "rows": rows}
+    score_kind = "success" if sparse else runs[0].summary.get("score_kind")
+    return {"env": envs[0], "score_kind": score_kind, "eval_steps": shared, "rows": rows}
 
 
 def efficiency_markdown(table: dict, points: int = 5) -> str:
@@ -165,9 +169,10 @@ def efficiency_markdown(table: dict, points: int = 5) -> str:
            + " | final | wall clock per run (min) |", "|---" * (5 + len(shown)) + "|"]
     for r in table["rows"]:
         clocks = ", ".join("?" if w is None else f"{w:.0f}" for w in r["wall_clock_min"])
-        cells = " | ".join(_fmt(r["curve"][s], 1) for s in shown)
+        digits = 2 if table["score_kind"] == "success" else 1
+        cells = " | ".join(_fmt(r["curve"][s], digits) for s in shown)
         out.append(f"| {r['method']} | {len(r['seeds'])} | {'/'.join(f'{o:,}' for o in r['offline_steps'])} | "
-                   f"{cells} | {_fmt(r['final'], 1)} | {clocks} |")
+                   f"{cells} | {_fmt(r['final'], digits)} | {clocks} |")
     return "\n".join(out)
 
 
