@@ -209,6 +209,9 @@ class SimArmServer:
         self.peak_box_at: dict = {}
         self.peak_acc_at: dict = {}   # the same at the largest acceleration, with that joint's velocities
         self._tick_s, self._cmd_started_s, self._cmd_late_s = 0.0, None, 0.0
+        # when the arm was last armed, released from an e-stop, and touching anything (a grasp-like
+        # touch of the gripper included): `_moment` reports them, to attribute a peak to its cause
+        self._t_arm_s = self._t_release_s = self._t_touch_s = None
 
     def _stop(self, now: float, op: str, reason: str) -> None:
         """hold: the reference brakes from its own speed at the acceleration limit (a controlled stop,
@@ -276,8 +279,11 @@ class SimArmServer:
             c = self.data.contact[i]
             g1, g2 = c.geom1, c.geom2
             if (grip[g1] and grip[g2]) or (grip[g1] and not robot[g2]) or (grip[g2] and not robot[g1]):
+                if not (grip[g1] and grip[g2]):
+                    self._t_touch_s = self._tick_s   # a grasp-like touch: no collision, but it can pin the arm
                 continue
             if robot[g1] or robot[g2]:
+                self._t_touch_s = self._tick_s
                 return True
         return False
 
@@ -303,7 +309,7 @@ class SimArmServer:
         # speed instead was re-armed while braking from a stale measured speed (1.06x in 2 of 6 runs)
         if self.mode == "estop" and self._recover_pending and float(np.max(np.abs(self.data.qvel[:6]))) < 0.02 and (
                 not self._contact_ticks or now - (self.t_hold_s or now) > self.settle_s):
-            self.mode, self._recover_pending = "hold", False
+            self.mode, self._recover_pending, self._t_release_s = "hold", False, now
             if not self.cartesian:   # the hold starts where the resting arm is, not where the stop froze it
                 self.target = self.data.qpos[:6].copy()
                 self.target_vel = np.zeros(6)
@@ -351,7 +357,9 @@ class SimArmServer:
         ms = lambda t: None if t is None else round(1e3 * (now - t), 1)
         return {"mode": self.mode, "braking": bool(self.braking), "ramping": bool(self.ramp_ticks),
                 "since_command_started_ms": ms(self._cmd_started_s), "since_last_command_ms": ms(self.last_cmd_s),
-                "since_hold_ms": ms(self.t_hold_s), "last_command_late_ms": round(1e3 * self._cmd_late_s, 1),
+                "since_hold_ms": ms(self.t_hold_s), "since_arm_ms": ms(self._t_arm_s),
+                "since_release_ms": ms(self._t_release_s), "since_touch_ms": ms(self._t_touch_s),
+                "last_command_late_ms": round(1e3 * self._cmd_late_s, 1),
                 "pending": len(self.pending),
                 "tracking_error_mrad": round(1e3 * float(np.max(np.abs(self.target - self.data.qpos[:6]))), 1),
                 "speed_ratio": round(float(np.max(np.abs(qd) / self.vmax)), 3)}
@@ -449,7 +457,7 @@ class SimArmServer:
                 self.pending.clear()
                 if not np.any(self.target_vel):
                     self.target = q
-                self.last_cmd_s, self.last_cmd_sent_s, self.hold_reason = now, None, None
+                self.last_cmd_s, self.last_cmd_sent_s, self.hold_reason, self._t_arm_s = now, None, None, now
         elif op == "recover":
             if self.mode == "estop":
                 self._recover_pending = True  # released once the stop is over (`_release_stop`)

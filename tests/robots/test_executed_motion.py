@@ -152,6 +152,8 @@ def test_ee_delta_through_ik_keeps_the_measured_arm_inside_its_limits(ee_arm):
     assert state["peak_box_excess_m"] <= robot.config.monitor_workspace_tol_m
     at = state["peak_acc_at"]   # what the arm was doing at that peak, for the fuzz's attribution
     assert at["joint"] == state["peak_acc_joint"] and at["mode"] == "run" and len(at["window_vel_rad_s"]) == 2
+    assert at["since_arm_ms"] >= at["since_command_started_ms"] >= 0   # armed before any command ran
+    assert at["since_release_ms"] is None   # no e-stop was released in this run
     counts = robot.chain.counts
     assert counts[("ee_step", "clip")] > 0 and counts[("workspace", "clip")] > 0
     robot.hold()
