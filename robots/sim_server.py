@@ -362,6 +362,7 @@ class SimArmServer:
                 "last_command_late_ms": round(1e3 * self._cmd_late_s, 1),
                 "pending": len(self.pending),
                 "tracking_error_mrad": round(1e3 * float(np.max(np.abs(self.target - self.data.qpos[:6]))), 1),
+                "tracking_error_joint": int(np.argmax(np.abs(self.target - self.data.qpos[:6]))),
                 "speed_ratio": round(float(np.max(np.abs(qd) / self.vmax)), 3)}
 
     def _delay(self) -> float:
