@@ -554,7 +554,11 @@ class SimArmServer:
             cap = np.sqrt(half * half + 2.0 * self.amax * np.maximum(room, 0.0)) - half
             self.target_vel = np.clip(self.target_vel, -cap, cap)
             if np.any(self.target_vel):
-                self.target = np.clip(self.target + self.target_vel * dt, self.lo, self.hi)
+                # a reference past a limit (the hold took an arm a collision pushed there) stays where it
+                # is until commanded back, and never moves further out: clipping it onto the limit was a
+                # step of up to the hard-stop margin in one tick (2.55x the acceleration limit, issue 14)
+                self.target = np.clip(self.target + self.target_vel * dt, np.minimum(self.lo, self.target),
+                                      np.maximum(self.hi, self.target))
             # PD tracking of the reference: the velocity feed-forward cancels the servos' damping lag, and
             # inverse dynamics of the reference acceleration (gravity and coupling included) is fed forward,
             # as arm controllers do, so one joint's acceleration does not shake the others

@@ -183,6 +183,29 @@ def test_a_recover_while_the_arm_still_moves_waits_for_rest():
     assert state["peak_acc_ratio"] <= 1.05, state["peak_acc_at"]
 
 
+def test_an_arm_resting_past_a_joint_limit_is_not_yanked_back_when_it_moves_again():
+    """A collision can push a joint past its software limit (the hard stop lies beyond it): the hold takes
+    the arm where it rests, and the first command used to clip that reference onto the limit in one tick,
+    a step the servos made at 2.55x the acceleration limit (a loaded fuzz: wrist 1 27 mrad past its limit,
+    released 12 ms before). The reference may start past a limit; it only may not move further out."""
+    cfg = robots.load_config("sim_ur5e")
+    cfg["control_mode"] = "joint_velocity"
+    with robots.make(cfg) as robot:
+        q = np.asarray(robot.config.home_joint_pos_rad, float).copy()
+        q[3] = robot.config.joint_pos_max_rad[3] + 0.027      # inside the hard stop, past the software limit
+        robot.reset_joints(q)
+        time.sleep(0.1)
+        robot.arm()
+        robot.reset_peaks()
+        end = time.monotonic() + 0.4
+        while time.monotonic() < end:   # another joint moves: every joint's reference is stepped each tick
+            robot.send_action(np.array([0.3, 0, 0, 0, 0, 0, 0.085]))
+        time.sleep(0.1)
+        state = robot.server_state()
+    assert state["peak_acc_ratio"] <= 1.05, state["peak_acc_at"]
+    assert state["joint_pos_rad"][3] > robot.config.joint_pos_max_rad[3]   # not dragged back without a command
+
+
 @pytest.mark.slow
 def test_the_arm_holds_by_itself_when_the_whole_controller_process_stalls(ee_arm):
     """Every thread of this process stops (the GIL held in a C call): only the arm's own deadline acts."""
