@@ -191,6 +191,7 @@ def main() -> None:
               f"holds {r['holds_rearmed']}, goals {'met' if r['goals_met'] else 'NOT met'}", flush=True)
         print("   safety:", r["safety"]["by_kind"], flush=True)
         print("   box excess by what ended the stretch:", r["box_excess_m_by_what_ended_the_stretch"], flush=True)
+        print("   hold reasons:", r["hold_reasons"], flush=True)
         print("   at the largest box excess:", r["peak_box_at"], flush=True)
         print("   at the largest acceleration:", r["peak_acc_at"], flush=True)
     stall = process_stall()
