@@ -144,7 +144,8 @@ class SimArmServer:
         # model's ctrlrange (the joint range) clipped that lead within `servo_lead_s * v` of a joint limit
         # (0.2 rad at 1 rad/s), so there the servos lagged the reference by that much, and the arm reached
         # the stop the reference made at the limit late and on its own PD dynamics (issue 14). The
-        # reference itself stays inside the joint limits; only the set-point may lead past them.
+        # reference itself stays inside the joint limits (unless a collision left the arm past one: then it
+        # only moves back in, see `_physics`); only the set-point may lead past them.
         lead = self.servo_lead_s * self.vmax + 1e-3
         rng = self.model.actuator_ctrlrange[:6]
         rng[:, 0] = np.minimum(rng[:, 0], self.lo - lead)
