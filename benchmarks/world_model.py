@@ -23,9 +23,9 @@ run folders (any nesting; o2o_compare's scratch and wsrl runs of a task count), 
     python -m embodied.train experiment=o2o_hopper algo=tdmpc2 seed=0 hydra.run.dir=runs/tdmpc2_hopper_s0 ...
     python benchmarks/world_model.py --efficiency runs/tdmpc2_hopper_s* benchmarks/results/raw/o2o/hopper
 
-Per method: the online eval score (success rate on sparse tasks) at each shared eval step (mean and 95% bootstrap CI over seeds), the
-final score, the offline steps each run had before its online ones (WSRL's pretraining; the others none)
-and the wall clock of each run from its status.json (pretraining included).
+Per method: the online eval score (success rate on sparse tasks) at each shared eval step (mean and 95%
+bootstrap CI over seeds), the final score, the offline steps each run had before its online ones (WSRL's
+pretraining; the others none) and the wall clock of each run from its status.json (pretraining included).
 """
 from __future__ import annotations
 
@@ -167,9 +167,9 @@ def efficiency_markdown(table: dict, points: int = 5) -> str:
     out = [f"{table['env']} ({table['score_kind']}), online env steps on every run: {table['rows'][0]['online_steps']:,}", "",
            "| method | seeds | offline steps first | " + " | ".join(f"score at {s:,}" for s in shown)
            + " | final | wall clock per run (min) |", "|---" * (5 + len(shown)) + "|"]
+    digits = 2 if table["score_kind"] == "success" else 1
     for r in table["rows"]:
         clocks = ", ".join("?" if w is None else f"{w:.0f}" for w in r["wall_clock_min"])
-        digits = 2 if table["score_kind"] == "success" else 1
         cells = " | ".join(_fmt(r["curve"][s], digits) for s in shown)
         out.append(f"| {r['method']} | {len(r['seeds'])} | {'/'.join(f'{o:,}' for o in r['offline_steps'])} | "
                    f"{cells} | {_fmt(r['final'], digits)} | {clocks} |")

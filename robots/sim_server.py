@@ -279,12 +279,10 @@ class SimArmServer:
         for i in range(self.data.ncon):
             c = self.data.contact[i]
             g1, g2 = c.geom1, c.geom2
-            if (grip[g1] and grip[g2]) or (grip[g1] and not robot[g2]) or (grip[g2] and not robot[g1]):
-                if not (grip[g1] and grip[g2]):
-                    self._t_touch_s = self._tick_s   # a grasp-like touch: no collision, but it can pin the arm
-                continue
-            if robot[g1] or robot[g2]:
-                self._t_touch_s = self._tick_s
+            if (grip[g1] and grip[g2]) or not (robot[g1] or robot[g2]):
+                continue   # the fingers on each other, or scene objects among themselves
+            self._t_touch_s = self._tick_s   # a grasp-like touch too: no collision, but it can pin the arm
+            if not ((grip[g1] and not robot[g2]) or (grip[g2] and not robot[g1])):
                 return True
         return False
 
@@ -356,14 +354,14 @@ class SimArmServer:
     def _moment(self, now: float, qd: np.ndarray) -> dict:
         """What the arm is doing this tick, for attributing a peak to its cause."""
         ms = lambda t: None if t is None else round(1e3 * (now - t), 1)
+        error = np.abs(self.target - self.data.qpos[:6])
         return {"mode": self.mode, "braking": bool(self.braking), "ramping": bool(self.ramp_ticks),
                 "since_command_started_ms": ms(self._cmd_started_s), "since_last_command_ms": ms(self.last_cmd_s),
                 "since_hold_ms": ms(self.t_hold_s), "since_arm_ms": ms(self._t_arm_s),
                 "since_release_ms": ms(self._t_release_s), "since_touch_ms": ms(self._t_touch_s),
                 "last_command_late_ms": round(1e3 * self._cmd_late_s, 1),
                 "pending": len(self.pending),
-                "tracking_error_mrad": round(1e3 * float(np.max(np.abs(self.target - self.data.qpos[:6]))), 1),
-                "tracking_error_joint": int(np.argmax(np.abs(self.target - self.data.qpos[:6]))),
+                "tracking_error_mrad": round(1e3 * float(error.max()), 1), "tracking_error_joint": int(error.argmax()),
                 "speed_ratio": round(float(np.max(np.abs(qd) / self.vmax)), 3)}
 
     def _delay(self) -> float:
