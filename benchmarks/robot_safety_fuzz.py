@@ -57,7 +57,9 @@ def make_action(kind: str, mode: str, rng, direction: np.ndarray, obs: dict, cfg
     return np.append(move, grip)
 
 
-PEAKS = ("peak_speed_ratio", "peak_acc_ratio", "peak_box_excess_m", "peak_cmd_late_s")  # late: not a goal, a cause
+# late: not a goal, a cause; displaced: how far out of the box collisions pushed the arm (the server counts
+# the controller's box excess beyond that)
+PEAKS = ("peak_speed_ratio", "peak_acc_ratio", "peak_box_excess_m", "peak_cmd_late_s", "peak_box_displaced_m")
 
 
 def fold_peaks(robot, overall: dict) -> dict:
@@ -186,7 +188,8 @@ def main() -> None:
         rows.append(fuzz_mode(mode, args.commands, args.seed + i))
         r = rows[-1]
         print(f"{mode:15s} {r['commands']} commands in {r['wall_s']} s: peak speed {r['peak_speed_ratio']:.3f}x, "
-              f"peak acc {r['peak_acc_ratio']:.3f}x, box excess {r['peak_box_excess_m'] * 1e3:.1f} mm, "
+              f"peak acc {r['peak_acc_ratio']:.3f}x, box excess {r['peak_box_excess_m'] * 1e3:.1f} mm "
+              f"(beyond collisions' {r['peak_box_displaced_m'] * 1e3:.1f}), "
               f"latest command {r['peak_cmd_late_s'] * 1e3:.1f} ms after due, "
               f"holds {r['holds_rearmed']}, goals {'met' if r['goals_met'] else 'NOT met'}", flush=True)
         print("   safety:", r["safety"]["by_kind"], flush=True)
