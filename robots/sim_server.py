@@ -204,7 +204,7 @@ class SimArmServer:
         self.catch_up, self.catch_up_s = float(sim.get("catch_up", 0.02)), float(sim.get("catch_up_ms", 50.0)) / 1e3
         self.stats["time_lost_s"] = 0.0  # simulated time given up after stalls over max_catch_up_s
         # a collision can push the arm out of the box (it is not counted while in contact): the excess where
-        # it leaves the arm is the collision's, reported as `peak_box_displaced_m`, and the controller's
+        # it leaves a stopped arm is the collision's, reported as `peak_box_displaced_m`, and the controller's
         # excess is counted beyond it, as the client's monitor counts from where the arm was armed. That
         # allowance only shrinks as the arm comes back in (a loaded fuzz: 29.6 mm counted for an arm
         # resting where a self-collision left it, 28 ms after the touch)
@@ -372,7 +372,9 @@ class SimArmServer:
                                     "target_vel_rad_s": round(float(self.target_vel[joint]), 4)}
         excess = box_distance_m(d.site_xpos[self.arm.site], self.box_lo, self.box_hi)
         if self._contact_ticks:  # a collision's impact and its stop are counted as collision_stops
-            self._box_displaced_m = excess
+            # stopped (a collision's e-stop, a hold), the impact moves the arm; running in a contact, the
+            # controller may, so what it drives out then is counted once the contact is over
+            self._box_displaced_m = excess if self.mode != "run" else min(self._box_displaced_m, excess)
             self.peaks["peak_box_displaced_m"] = max(self.peaks["peak_box_displaced_m"], excess)
             return
         self._box_displaced_m = min(self._box_displaced_m, excess)
