@@ -140,6 +140,9 @@ def jsonable(value):
 # starts from it; everything online (presets, temperature, UTD, budgets) is free to differ.
 PRETRAINED_MATCH = ("env", "offline_algo", "offline_agent", "gamma", "reward_scale", "reward_bias",
                     "sparse_failure_reward", "device")
+# agent options that set how it computes, not what it is: a bf16 pretraining fine-tunes in fp32 (the weights
+# are fp32 either way), which is what comparing the two precisions from one pretraining needs
+PRETRAINED_FREE_OPTIONS = ("bf16",)
 
 
 def pretrained_folder(path: str | Path) -> Path:
@@ -164,7 +167,8 @@ def read_pretrained(path: str | Path, config: dict, dataset_size: int | None) ->
     for key in PRETRAINED_MATCH:
         theirs, ours = saved.get(key), mine.get(key)
         if isinstance(theirs, dict) and isinstance(ours, dict):  # name the options that differ, not the dicts
-            differ = sorted(k for k in {*theirs, *ours} if theirs.get(k, "<unset>") != ours.get(k, "<unset>"))
+            differ = sorted(k for k in {*theirs, *ours} - set(PRETRAINED_FREE_OPTIONS)
+                            if theirs.get(k, "<unset>") != ours.get(k, "<unset>"))
             theirs = {k: theirs.get(k, "<unset>") for k in differ}
             ours = {k: ours.get(k, "<unset>") for k in differ}
         if theirs != ours:

@@ -174,6 +174,10 @@ def test_pretrain_once_fine_tune_many(dataset, tmp_path):
     assert not calls  # no offline gradient step: the pretraining was restored
     assert resumed["offline_score"] == summary["offline_score"] and resumed["offline_steps"] == 20
     assert any(phase == "offline" and kind == "eval" for phase, kind, _, _ in logger.records)
+    # the compute precision is free: a bf16 pretraining fine-tunes in fp32
+    precision = Runner(small(pretrained=str(tmp_path / "a"), offline_agent={"hidden": (32, 32), "bf16": True}),
+                       dataset, tmp_path / "p", CountingLogger(), progress=False).run()
+    assert precision["offline_score"] == summary["offline_score"]
     for bad, match in ((dict(offline_agent={"hidden": (16, 16)}), "offline_agent"), (dict(gamma=0.9), "gamma")):
         with pytest.raises(ConfigError, match=match):
             Runner(small(pretrained=str(tmp_path / "a"), **bad), dataset, tmp_path / "c", CountingLogger(),
