@@ -43,6 +43,7 @@ class SimArm(Robot):
         self._proc: subprocess.Popen | None = None
         self._latest: dict | None = None
         self._seq = 0
+        self._ctrl_seq = 0   # recover messages sent: the server echoes the last one it applied
         self._kin: ArmModel | None = None
         self._t_armed_s = float("inf")
         self.stale_after_s = float(config.sim.get("stale_after_ms", 500.0)) / 1e3
@@ -209,13 +210,16 @@ class SimArm(Robot):
         self._send({"op": "estop"})
 
     def _recover(self) -> None:
-        sent = time.monotonic()   # the server stamps its states on this machine's monotonic clock
-        self._send({"op": "recover"})
-        deadline = sent + 1.0
+        # the server says which recover it has applied: a state stamped after this send could still come from a
+        # tick that read its commands before the e-stop sent just earlier arrived (seen under load: recover()
+        # returned on a state still in `run`)
+        self._ctrl_seq += 1
+        self._send({"op": "recover", "ctrl_seq": self._ctrl_seq})
+        deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:  # so that the next arm() sees the stop released
             self._drain()
             latest = self._latest or {}
-            if latest.get("t_s", 0.0) > sent and latest.get("mode") != "estop":   # not a state from before
+            if latest.get("last_ctrl_seq", -1) >= self._ctrl_seq and latest.get("mode") != "estop":
                 return
             time.sleep(0.002)
         raise RobotFault("sim arm did not leave its stop after recover")

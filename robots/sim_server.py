@@ -137,7 +137,7 @@ class SimArmServer:
         self.outbox: list = []
         self.n = 0
         self.stats = {"cmds": 0, "cmds_dropped": 0, "states_dropped": 0, "cmds_ignored": 0, "overruns": 0,
-                      "last_cmd_seq": -1}
+                      "last_cmd_seq": -1, "last_ctrl_seq": -1}  # the last control message (recover ...) applied
         self.lo, self.hi = np.asarray(config.joint_pos_min_rad), np.asarray(config.joint_pos_max_rad)
         self.vmax = np.asarray(config.joint_vel_max_rad_s)
         # the servo set-point is the reference plus its velocity lead (`servo_lead_s * target_vel`): the
@@ -491,6 +491,7 @@ class SimArmServer:
                     self.target = q
                 self.last_cmd_s, self.last_cmd_sent_s, self.hold_reason, self._t_arm_s = now, None, None, now
         elif op == "recover":
+            self.stats["last_ctrl_seq"] = int(msg.get("ctrl_seq", self.stats["last_ctrl_seq"]))
             if self.mode == "estop":
                 self._recover_pending = True  # released once the stop is over (`_release_stop`)
         elif op == "reset":
