@@ -137,7 +137,7 @@ class SimArmServer:
         self.outbox: list = []
         self.n = 0
         self.stats = {"cmds": 0, "cmds_dropped": 0, "states_dropped": 0, "cmds_ignored": 0, "overruns": 0,
-                      "last_cmd_seq": -1, "last_ctrl_seq": -1}  # the last control message (recover ...) applied
+                      "last_cmd_seq": -1, "last_ctrl_seq": -1}  # last_ctrl_seq: the `ctrl_seq` of the last recover applied
         self.lo, self.hi = np.asarray(config.joint_pos_min_rad), np.asarray(config.joint_pos_max_rad)
         self.vmax = np.asarray(config.joint_vel_max_rad_s)
         # the servo set-point is the reference plus its velocity lead (`servo_lead_s * target_vel`): the
@@ -328,7 +328,7 @@ class SimArmServer:
         """A contact that ends lets go of an arm it held back: the reference went on without it (a few
         mrad, up to `contact_deviation_rad`, and the speed the friction took), and the servos sprang the
         arm to it once free, faster than the acceleration limit (1.05-1.10x in loaded fuzzes 20 ms after
-        the touch, 1.48x in tests/robots/test_executed_motion.py). The reference is moved to the arm as it
+        the touch, 1.50x in tests/robots/test_executed_motion.py). The reference is moved to the arm as it
         is, with its speed, and ramps from there to the command's velocity at the acceleration limit, as
         a bumpless transfer does; a brake brakes on from the arm's speed. This only ever lowers the
         servo force against a contact, so it cannot weaken the collision check."""
@@ -620,9 +620,7 @@ class SimArmServer:
                 last = self.last_cmd_sent_s if self.last_cmd_sent_s is not None else self.last_cmd_s
                 if self.mode == "run" and tick_s - last > self.deadline_s:
                     self._stop(tick_s, "hold", "watchdog")  # the arm's own deadline, outside the controller
-                self._tick_s = tick_s
-                self._physics()
-                self._measure(tick_s)
+                self.step(tick_s)
                 if self.scene is not None:
                     self._snapshot(now)
                 now = time.monotonic()
@@ -652,14 +650,24 @@ class SimArmServer:
                         self.stats["time_lost_s"] += -sleep
                         next_t = time.monotonic()
         finally:
-            for sock in (self.listener, self.link.sock if self.link else None):
-                if sock is not None:
-                    sock.close()
-            self.pub.close()
-            self.ctx.term()
-            if self.scene is not None:
-                self.frames.close()
-                self.scene.close()
+            self.close()
+
+    def step(self, tick_s: float) -> None:
+        """One tick of the arm at `tick_s`: physics, then what it executed is measured (`serve` runs it in
+        real time; tests step it directly, so a contact scenario plays out the same way every time)."""
+        self._tick_s = tick_s
+        self._physics()
+        self._measure(tick_s)
+
+    def close(self) -> None:
+        for sock in (self.listener, self.link.sock if self.link else None):
+            if sock is not None:
+                sock.close()
+        self.pub.close()
+        self.ctx.term()
+        if self.scene is not None:
+            self.frames.close()
+            self.scene.close()
 
 
 def main(argv=None) -> None:

@@ -470,7 +470,6 @@ def test_after_a_stall_the_sim_arm_runs_each_command_when_it_was_sent():
     assert float(np.median(per_stall)) < 4e-3, per_stall   # before: 1-10 mrad per stall, median ~9
 
 
-
 class SteppedServer:
     """The sim arm server stepped tick by tick in this process (real MuJoCo, no sockets used), so a
     contact scenario plays out the same way every time: the fuzz meets these only under load."""
@@ -489,9 +488,7 @@ class SteppedServer:
         for _ in range(n):
             was_in_contact = s._in_contact
             self.t_s += 1.0 / s.rate_hz
-            s._tick_s = self.t_s
-            s._physics()
-            s._measure(self.t_s)
+            s.step(self.t_s)
             self.freed_in_run |= was_in_contact and not s._in_contact and s.mode == "run"
 
     def send(self, op, **msg):
@@ -511,17 +508,12 @@ class SteppedServer:
                           t_send_s=self.t_s)
             self.tick()
 
-    def close(self):
-        self.server.listener.close()
-        self.server.pub.close()
-        self.server.ctx.term()
-
 
 @pytest.fixture
 def stepped():
     server = SteppedServer()
     yield server
-    server.close()
+    server.server.close()
 
 
 def test_an_arm_a_contact_held_back_is_not_sprung_forward_when_the_contact_ends(stepped):
