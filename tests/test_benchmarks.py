@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -165,3 +166,34 @@ def test_vla_finetune_job_lock_waits_for_a_live_holder_and_takes_over_a_dead_one
         released = time.monotonic()
     waiter.join(timeout=5.0)
     assert acquired and acquired[0] >= released
+
+
+def test_critic_probe_reads_an_online_runs_checkpoints_and_its_pretrained_critic(tmp_path, run_benchmark):
+    """Two-stage as a user runs it: a pretraining, an online run from it with checkpoints, then the probe."""
+    env = {**os.environ, "EMBODIED_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "disabled"}
+    tiny = ["dataset.size=3000", "budget.offline_steps=20", "eval.episodes=1", "eval.video_episodes=0",
+            "progress=false", "bf16=false"]
+
+    def train(*args):
+        result = subprocess.run([sys.executable, "-m", "embodied.train", *tiny, *args], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+
+    train("budget.online_steps=0", "checkpoint.every=0", f"hydra.run.dir={tmp_path / 'pre'}")
+    train(f"pretrained={tmp_path / 'pre'}", "budget.online_steps=150", "budget.warmup_steps=50",
+          "eval.every_online=150", "checkpoint.every=50", "checkpoint.keep=5", f"hydra.run.dir={tmp_path / 'online'}")
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "critic_probe.py"), str(tmp_path / "online"),
+                             "--states", "64"], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in result.stdout.splitlines() if line.startswith("| s")]
+    assert [r[0].strip() for r in rows] == ["switch (pretrained critic)", "step_000000050", "step_000000100",
+                                            "step_000000150"], result.stdout
+    for row in rows:
+        beats = [float(x) for x in row[2:5]]
+        assert all(0.0 <= b <= 1.0 for b in beats)
+    drift = [float(r[-1]) for r in rows]
+    assert drift[0] == drift[1] == 0.0 and drift[-1] > 0.0   # online step 30 is in the warmup: no actor step yet
+    empty = subprocess.run([sys.executable, str(REPO / "benchmarks" / "critic_probe.py"), str(tmp_path / "pre")],
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert empty.returncode != 0 and "checkpoint.every=N" in empty.stderr

@@ -1,0 +1,122 @@
+"""Does the critic still tell actions apart? Probe the checkpoints of an offline→online run.
+
+For each checkpoint of RUN_DIR (and, for a run started with `pretrained=`, the pretrained critic at the switch),
+on states from the run's online replay:
+  beats@sigma   share of perturbed actions a + N(0, sigma^2) (clipped to [-1, 1]) that the actor's objective
+                (min or mean over the critics, as the run's agent uses) rates above the actor's own action:
+                near 0 for a critic peaked at the policy, near 0.5 for one that ignores the action
+  spread        max - min over the ensemble at the actor's action
+  |dQ/da|       per-state gradient norm at the actor's action; `coherent` is the norm of its batch mean
+  drift         L2 distance of the deterministic action from the pretrained actor's
+
+Usage: python benchmarks/critic_probe.py RUN_DIR [--every K] [--states 1024]
+The run needs checkpoints inside its online phase (`checkpoint.every=N checkpoint.keep=K`).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from embodied.agents.runner import Runner  # noqa: E402
+from embodied.checkpoints import find_checkpoints  # noqa: E402
+from embodied.errors import ConfigError  # noqa: E402
+from embodied.logging import RunLogger  # noqa: E402
+from embodied.run_config import runner_config  # noqa: E402
+from embodied.train import compose_train, load_dataset  # noqa: E402
+from sims.source import EnvSource  # noqa: E402
+
+SIGMAS = (0.05, 0.2, 0.5)
+
+
+def run_overrides(run_dir: Path) -> list[str]:
+    path = run_dir / ".hydra" / "overrides.yaml"
+    if not path.exists():
+        raise ConfigError(f"{run_dir} has no .hydra/overrides.yaml: pass a run directory written by embodied.train")
+    lines = path.read_text().splitlines()
+    return [line[2:].strip() for line in lines if line.startswith("- ") and not line[2:].startswith("hydra.")]
+
+
+def objective(agent, q: torch.Tensor) -> torch.Tensor:
+    return q.min(0).values if getattr(agent.cfg, "actor_q", "mean") == "min" else q.mean(0)
+
+
+def probe(agent, reference_actor, obs: torch.Tensor, generator: torch.Generator) -> dict:
+    actor, critic = agent.actor, agent.critic
+    with torch.no_grad():
+        action = actor.mode(obs)
+        own = objective(agent, critic(obs, action).float())
+        beats = {}
+        for sigma in SIGMAS:
+            wins = [(objective(agent, critic(obs, (action + sigma * torch.randn(action.shape, generator=generator))
+                                               .clamp(-1.0, 1.0)).float()) > own).float().mean() for _ in range(8)]
+            beats[sigma] = float(torch.stack(wins).mean())
+        q_all = critic(obs, action).float()
+        drift = float((action - reference_actor.mode(obs)).norm(dim=-1).mean())
+    probe_action = action.clone().requires_grad_(True)
+    critic.requires_grad_(False)
+    grad = torch.autograd.grad(objective(agent, critic(obs, probe_action).float()).sum(), probe_action)[0]
+    critic.requires_grad_(True)
+    return {"beats": beats, "spread": float((q_all.max(0).values - q_all.min(0).values).mean()),
+            "grad": float(grad.norm(dim=-1).mean()), "coherent": float(grad.mean(0).norm()),
+            "q": float(own.mean()), "drift": drift}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--every", type=int, default=1, help="probe every k-th online checkpoint")
+    parser.add_argument("--states", type=int, default=1024, help="online states per probe")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    cfg = compose_train(run_overrides(args.run_dir))
+    rcfg = runner_config(cfg)
+    checkpoints = find_checkpoints(args.run_dir)
+    if not checkpoints:
+        raise SystemExit(f"{args.run_dir}/checkpoints has no step_* checkpoint: rerun with checkpoint.every=N "
+                         f"checkpoint.keep=K")
+    dataset = load_dataset(cfg)
+    scratch = Path(tempfile.mkdtemp(prefix="critic_probe-"))
+    logger = RunLogger(scratch, {}, wandb_mode="disabled", enabled_wandb=False)
+    runner = Runner(rcfg, dataset, scratch, logger, progress=False, envs=EnvSource(rcfg.env, rcfg.env_options))
+    generator = torch.Generator().manual_seed(args.seed)
+
+    def states() -> torch.Tensor:
+        replay = getattr(runner.online_buffer, "online", runner.online_buffer)
+        pick = torch.randperm(replay.size, generator=generator)[: args.states]
+        return torch.as_tensor(replay.observations[: replay.size], dtype=torch.float32)[pick]
+
+    rows = []
+    if cfg.get("pretrained"):  # the critic as the switch hands it over, on the first checkpoint's states
+        switch = Runner(rcfg, dataset, scratch / "switch", logger, progress=False,
+                        envs=EnvSource(rcfg.env, rcfg.env_options))
+        switch.load_pretrained(cfg.pretrained)
+        runner.load_checkpoint(checkpoints[0])
+        agent = switch.offline_agent
+        rows.append(("switch (pretrained critic)", runner.online_step, probe(agent, agent.actor, states(), generator)))
+    for path in checkpoints[:: args.every]:
+        runner.load_checkpoint(path)
+        if runner.phase != "online":
+            continue
+        reference = runner.pretrained_actor if runner.pretrained_actor is not None else runner.agent.actor
+        rows.append((path.name, runner.online_step, probe(runner.agent, reference, states(), generator)))
+    print(f"critic probe of {args.run_dir} ({len(rows)} rows; states from the online replay)")
+    print("| checkpoint | online step | " + " | ".join(f"beats@{s}" for s in SIGMAS)
+          + " | spread | dQ/da | coherent | Q | drift |")
+    print("|---" * (len(SIGMAS) + 7) + "|")
+    for name, step, r in rows:
+        print(f"| {name} | {step} | " + " | ".join(f"{r['beats'][s]:.2f}" for s in SIGMAS)
+              + f" | {r['spread']:.3f} | {r['grad']:.4f} | {r['coherent']:.4f} | {r['q']:.2f} | {r['drift']:.3f} |")
+    logger.close()
+
+
+if __name__ == "__main__":
+    main()
