@@ -1,7 +1,7 @@
 """Does the critic still tell actions apart? Probe the checkpoints of an offline→online run.
 
-For each checkpoint of RUN_DIR (and, for a run started with `pretrained=`, the pretrained critic at the switch),
-on states from the run's online replay:
+For each checkpoint of RUN_DIR (and, for a run started with `pretrained=`, the pretrained critic at the switch,
+also on states of its dataset), on states from the run's online replay:
   beats@sigma   share of perturbed actions a + N(0, sigma^2) (clipped to [-1, 1]) that the actor's objective
                 (min or mean over the critics, as the run's agent uses) rates above the actor's own action:
                 near 0 for a critic peaked at the policy, near 0.5 for one that ignores the action
@@ -19,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -101,6 +102,10 @@ def main(argv=None) -> None:
         runner.load_checkpoint(checkpoints[0])
         agent = switch.offline_agent
         rows.append(("switch (pretrained critic)", runner.online_step, probe(agent, agent.actor, states(), generator)))
+        if dataset is not None:  # and on the states it was trained on, for contrast
+            pick = torch.randperm(len(dataset.observations), generator=generator)[: args.states]
+            data_states = torch.as_tensor(np.asarray(dataset.observations)[pick.numpy()], dtype=torch.float32)
+            rows.append(("switch, dataset states", None, probe(agent, agent.actor, data_states, generator)))
     for path in checkpoints[:: args.every]:
         runner.load_checkpoint(path)
         if runner.phase != "online":
@@ -112,7 +117,7 @@ def main(argv=None) -> None:
           + " | spread | dQ/da | coherent | Q | drift |")
     print("|---" * (len(SIGMAS) + 7) + "|")
     for name, step, r in rows:
-        print(f"| {name} | {step} | " + " | ".join(f"{r['beats'][s]:.2f}" for s in SIGMAS)
+        print(f"| {name} | {'-' if step is None else step} | " + " | ".join(f"{r['beats'][s]:.2f}" for s in SIGMAS)
               + f" | {r['spread']:.3f} | {r['grad']:.4f} | {r['coherent']:.4f} | {r['q']:.2f} | {r['drift']:.3f} |")
     logger.close()
 

@@ -187,13 +187,13 @@ def test_critic_probe_reads_an_online_runs_checkpoints_and_its_pretrained_critic
                             timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [line.split("|")[1:-1] for line in result.stdout.splitlines() if line.startswith("| s")]
-    assert [r[0].strip() for r in rows] == ["switch (pretrained critic)", "step_000000050", "step_000000100",
-                                            "step_000000150"], result.stdout
+    assert [r[0].strip() for r in rows] == ["switch (pretrained critic)", "switch, dataset states", "step_000000050",
+                                            "step_000000100", "step_000000150"], result.stdout
     for row in rows:
         beats = [float(x) for x in row[2:5]]
         assert all(0.0 <= b <= 1.0 for b in beats)
     drift = [float(r[-1]) for r in rows]
-    assert drift[0] == drift[1] == 0.0 and drift[-1] > 0.0   # online step 30 is in the warmup: no actor step yet
+    assert drift[0] == drift[1] == drift[2] == 0.0 and drift[-1] > 0.0   # online step 30 is in the warmup: no actor step yet
     empty = subprocess.run([sys.executable, str(REPO / "benchmarks" / "critic_probe.py"), str(tmp_path / "pre")],
                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert empty.returncode != 0 and "checkpoint.every=N" in empty.stderr
