@@ -27,21 +27,13 @@ sys.path.insert(0, str(REPO))
 
 from embodied.agents.runner import Runner  # noqa: E402
 from embodied.checkpoints import find_checkpoints  # noqa: E402
-from embodied.errors import ConfigError  # noqa: E402
+from embodied.config_check import read_saved_run  # noqa: E402
 from embodied.logging import RunLogger  # noqa: E402
 from embodied.run_config import runner_config  # noqa: E402
-from embodied.train import compose_train, load_dataset  # noqa: E402
+from embodied.train import load_dataset  # noqa: E402
 from sims.source import EnvSource  # noqa: E402
 
 SIGMAS = (0.05, 0.2, 0.5)
-
-
-def run_overrides(run_dir: Path) -> list[str]:
-    path = run_dir / ".hydra" / "overrides.yaml"
-    if not path.exists():
-        raise ConfigError(f"{run_dir} has no .hydra/overrides.yaml: pass a run directory written by embodied.train")
-    lines = path.read_text().splitlines()
-    return [line[2:].strip() for line in lines if line.startswith("- ") and not line[2:].startswith("hydra.")]
 
 
 def objective(agent, q: torch.Tensor) -> torch.Tensor:
@@ -77,7 +69,7 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    cfg = compose_train(run_overrides(args.run_dir))
+    cfg = read_saved_run(args.run_dir)[0]   # the config the run was started with, not today's presets
     rcfg = runner_config(cfg)
     checkpoints = find_checkpoints(args.run_dir)
     if not checkpoints:
@@ -89,29 +81,37 @@ def main(argv=None) -> None:
     runner = Runner(rcfg, dataset, scratch, logger, progress=False, envs=EnvSource(rcfg.env, rcfg.env_options))
     generator = torch.Generator().manual_seed(args.seed)
 
-    def states() -> torch.Tensor:
+    def states() -> torch.Tensor | None:
+        """States of the loaded checkpoint's online replay; None while it is empty (Cal-QL adds whole episodes)."""
         replay = getattr(runner.online_buffer, "online", runner.online_buffer)
+        if replay.size == 0:
+            return None
         pick = torch.randperm(replay.size, generator=generator)[: args.states]
         return torch.as_tensor(replay.observations[: replay.size], dtype=torch.float32)[pick]
 
+    online = []   # (checkpoint, online step, its states): the online-phase checkpoints with states to probe on
+    for path in checkpoints[:: args.every]:
+        runner.load_checkpoint(path)
+        obs = states()
+        if runner.phase == "online" and obs is not None:
+            online.append((path, runner.online_step, obs))
+    if not online:
+        raise SystemExit(f"no checkpoint of {args.run_dir} is in the online phase with a non-empty replay")
     rows = []
-    if cfg.get("pretrained"):  # the critic as the switch hands it over, on the first checkpoint's states
+    if cfg.get("pretrained"):  # the critic as the switch hands it over, on the first probed checkpoint's states
         switch = Runner(rcfg, dataset, scratch / "switch", logger, progress=False,
                         envs=EnvSource(rcfg.env, rcfg.env_options))
         switch.load_pretrained(cfg.pretrained)
-        runner.load_checkpoint(checkpoints[0])
         agent = switch.offline_agent
-        rows.append(("switch (pretrained critic)", runner.online_step, probe(agent, agent.actor, states(), generator)))
+        rows.append(("switch (pretrained critic)", online[0][1], probe(agent, agent.actor, online[0][2], generator)))
         if dataset is not None:  # and on the states it was trained on, for contrast
             pick = torch.randperm(len(dataset.observations), generator=generator)[: args.states]
             data_states = torch.as_tensor(np.asarray(dataset.observations)[pick.numpy()], dtype=torch.float32)
             rows.append(("switch, dataset states", None, probe(agent, agent.actor, data_states, generator)))
-    for path in checkpoints[:: args.every]:
+    for path, step, obs in online:
         runner.load_checkpoint(path)
-        if runner.phase != "online":
-            continue
         reference = runner.pretrained_actor if runner.pretrained_actor is not None else runner.agent.actor
-        rows.append((path.name, runner.online_step, probe(runner.agent, reference, states(), generator)))
+        rows.append((path.name, step, probe(runner.agent, reference, obs, generator)))
     print(f"critic probe of {args.run_dir} ({len(rows)} rows; states from the online replay)")
     print("| checkpoint | online step | " + " | ".join(f"beats@{s}" for s in SIGMAS)
           + " | spread | dQ/da | coherent | Q | drift |")
