@@ -236,7 +236,9 @@ class SimArm(Robot):
             if (self._latest or {}).get("mode") == "run":
                 return
             time.sleep(0.002)
-        raise RobotFault("sim arm did not enter run mode after arm")
+        last = self._latest or {}  # which state it stayed in says why (a collision stop racing the arm op, ...)
+        raise RobotFault(f"sim arm did not enter run mode after arm (it stayed in {last.get('mode')!r}, "
+                         f"hold reason {last.get('hold_reason')!r})")
 
     def inject(self, **settings) -> None:
         """Change latency_ms, jitter_ms, drop_prob, noise_q_rad, noise_qd_rad_s while running."""

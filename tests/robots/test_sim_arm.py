@@ -1,6 +1,8 @@
 """The simulated UR5e: its own process, real-time pacing, the drivers' keys, injected faults."""
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import numpy as np
@@ -134,3 +136,16 @@ def test_server_death_is_a_fault():
         with pytest.raises(RobotFault):
             robot.observe()
         assert robot.state is State.FAULT
+
+
+def test_an_arm_op_the_server_never_applies_is_a_fault_that_names_the_state_it_stayed_in():
+    """The fuzz once saw arm() time out with no reason given; the error now says where the arm stayed."""
+    with robots.make("sim_ur5e") as robot:
+        pid = robot._proc.pid
+        os.kill(pid, signal.SIGSTOP)   # the server never reads the arm op within arm()'s 2 s
+        try:
+            with pytest.raises(RobotFault, match=r"did not enter run mode after arm \(it stayed in 'hold'"):
+                robot.arm()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert robot.state is not State.ARMED
