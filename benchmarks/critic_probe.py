@@ -98,10 +98,12 @@ def main(argv=None) -> None:
     if not online:
         raise SystemExit(f"no checkpoint of {args.run_dir} is in the online phase with a non-empty replay")
     rows = []
+    switch = None
     if cfg.get("pretrained"):  # the critic as the switch hands it over, on the first probed checkpoint's states
         switch = Runner(rcfg, dataset, scratch / "switch", logger, progress=False,
                         envs=EnvSource(rcfg.env, rcfg.env_options))
         switch.load_pretrained(cfg.pretrained)
+    if switch is not None and getattr(switch.offline_agent, "critic", None) is not None:  # BC pretrains none
         agent = switch.offline_agent
         rows.append(("switch (pretrained critic)", online[0][1], probe(agent, agent.actor, online[0][2], generator)))
         if dataset is not None:  # and on the states it was trained on, for contrast
