@@ -44,13 +44,13 @@ def probe(agent, reference_actor, obs: torch.Tensor, generator: torch.Generator)
     actor, critic = agent.actor, agent.critic
     with torch.no_grad():
         action = actor.mode(obs)
-        own = objective(agent, critic(obs, action).float())
+        q_all = critic(obs, action).float()
+        own = objective(agent, q_all)
         beats = {}
         for sigma in SIGMAS:
             wins = [(objective(agent, critic(obs, (action + sigma * torch.randn(action.shape, generator=generator))
                                                .clamp(-1.0, 1.0)).float()) > own).float().mean() for _ in range(8)]
             beats[sigma] = float(torch.stack(wins).mean())
-        q_all = critic(obs, action).float()
         drift = float((action - reference_actor.mode(obs)).norm(dim=-1).mean())
     probe_action = action.clone().requires_grad_(True)
     critic.requires_grad_(False)
@@ -79,9 +79,10 @@ def main(argv=None) -> None:
     scratch = Path(tempfile.mkdtemp(prefix="critic_probe-"))
     logger = RunLogger(scratch, {}, wandb_mode="disabled", enabled_wandb=False)
     runner = Runner(rcfg, dataset, scratch, logger, progress=False, envs=EnvSource(rcfg.env, rcfg.env_options))
-    generator = torch.Generator().manual_seed(args.seed)
+    # one stream per row, seeded by what the row is: a row's figures do not depend on which other rows ran
+    stream = lambda key: torch.Generator().manual_seed(args.seed * 1_000_003 + 3 + key)  # keys -3..-1: switch rows
 
-    def states() -> torch.Tensor | None:
+    def states(generator: torch.Generator) -> torch.Tensor | None:
         """States of the loaded checkpoint's online replay; None while it is empty (Cal-QL adds whole episodes)."""
         replay = getattr(runner.online_buffer, "online", runner.online_buffer)
         if replay.size == 0:
@@ -89,31 +90,30 @@ def main(argv=None) -> None:
         pick = torch.randperm(replay.size, generator=generator)[: args.states]
         return torch.as_tensor(replay.observations[: replay.size], dtype=torch.float32)[pick]
 
-    online = []   # (checkpoint, online step, its states): the online-phase checkpoints with states to probe on
-    for path in checkpoints[:: args.every]:
-        runner.load_checkpoint(path)
-        obs = states()
-        if runner.phase == "online" and obs is not None:
-            online.append((path, runner.online_step, obs))
-    if not online:
-        raise SystemExit(f"no checkpoint of {args.run_dir} is in the online phase with a non-empty replay")
-    rows = []
-    switch = None
+    switch_agent = None
     if cfg.get("pretrained"):  # the critic as the switch hands it over, on the first probed checkpoint's states
         switch = Runner(rcfg, dataset, scratch / "switch", logger, progress=False,
                         envs=EnvSource(rcfg.env, rcfg.env_options))
         switch.load_pretrained(cfg.pretrained)
-    if switch is not None and getattr(switch.offline_agent, "critic", None) is not None:  # BC pretrains none
-        agent = switch.offline_agent
-        rows.append(("switch (pretrained critic)", online[0][1], probe(agent, agent.actor, online[0][2], generator)))
-        if dataset is not None:  # and on the states it was trained on, for contrast
-            pick = torch.randperm(len(dataset.observations), generator=generator)[: args.states]
-            data_states = torch.as_tensor(np.asarray(dataset.observations)[pick.numpy()], dtype=torch.float32)
-            rows.append(("switch, dataset states", None, probe(agent, agent.actor, data_states, generator)))
-    for path, step, obs in online:
+        switch_agent = switch.offline_agent if getattr(switch.offline_agent, "critic", None) is not None else None
+    rows = []
+    for path in checkpoints[:: args.every]:
         runner.load_checkpoint(path)
+        obs = states(stream(runner.online_step)) if runner.phase == "online" else None
+        if obs is None:
+            continue
+        if switch_agent is not None and not rows:  # on the same states as the first checkpoint's row
+            rows.append(("switch (pretrained critic)", runner.online_step,
+                         probe(switch_agent, switch_agent.actor, obs, stream(-1))))
+            if dataset is not None:  # and on the states it was trained on, for contrast
+                pick = torch.randperm(len(dataset.observations), generator=stream(-2))[: args.states]
+                data_states = torch.as_tensor(np.asarray(dataset.observations)[pick.numpy()], dtype=torch.float32)
+                rows.append(("switch, dataset states", None,
+                             probe(switch_agent, switch_agent.actor, data_states, stream(-3))))
         reference = runner.pretrained_actor if runner.pretrained_actor is not None else runner.agent.actor
-        rows.append((path.name, step, probe(runner.agent, reference, obs, generator)))
+        rows.append((path.name, runner.online_step, probe(runner.agent, reference, obs, stream(runner.online_step))))
+    if not rows:
+        raise SystemExit(f"no checkpoint of {args.run_dir} is in the online phase with a non-empty replay")
     print(f"critic probe of {args.run_dir} ({len(rows)} rows; states from the online replay)")
     print("| checkpoint | online step | " + " | ".join(f"beats@{s}" for s in SIGMAS)
           + " | spread | dQ/da | coherent | Q | drift |")
