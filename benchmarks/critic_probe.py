@@ -28,10 +28,12 @@ sys.path.insert(0, str(REPO))
 from embodied.agents.runner import Runner  # noqa: E402
 from embodied.checkpoints import find_checkpoints  # noqa: E402
 from embodied.config_check import read_saved_run  # noqa: E402
+from embodied.errors import UserError  # noqa: E402
 from embodied.logging import RunLogger  # noqa: E402
 from embodied.run_config import runner_config  # noqa: E402
 from embodied.train import load_dataset  # noqa: E402
 from sims.source import EnvSource  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
 SIGMAS = (0.05, 0.2, 0.5)
 
@@ -62,6 +64,13 @@ def probe(agent, reference_actor, obs: torch.Tensor, generator: torch.Generator)
 
 
 def main(argv=None) -> None:
+    try:
+        probe_run(argv)
+    except UserError as err:  # a run dir that is not one, a checkpoint that does not load: one line, no traceback
+        raise SystemExit(f"critic_probe: {err}") from None
+
+
+def probe_run(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--every", type=int, default=1, help="probe every k-th online checkpoint")
@@ -69,6 +78,9 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if not (args.run_dir / ".hydra" / "config.yaml").is_file():
+        raise SystemExit(f"critic_probe: {args.run_dir} has no .hydra/config.yaml: pass the directory of a run "
+                         f"written by embodied.train")
     cfg = read_saved_run(args.run_dir)[0]   # the config the run was started with, not today's presets
     rcfg = runner_config(cfg)
     checkpoints = find_checkpoints(args.run_dir)
@@ -97,7 +109,7 @@ def main(argv=None) -> None:
         switch.load_pretrained(cfg.pretrained)
         switch_agent = switch.offline_agent if getattr(switch.offline_agent, "critic", None) is not None else None
     rows = []
-    for path in checkpoints[:: args.every]:
+    for path in tqdm(checkpoints[:: args.every], desc="checkpoints", dynamic_ncols=True):
         runner.load_checkpoint(path)
         obs = states(stream(runner.online_step)) if runner.phase == "online" else None
         if obs is None:

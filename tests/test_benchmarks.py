@@ -197,3 +197,7 @@ def test_critic_probe_reads_an_online_runs_checkpoints_and_its_pretrained_critic
     empty = subprocess.run([sys.executable, str(REPO / "benchmarks" / "critic_probe.py"), str(tmp_path / "pre")],
                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert empty.returncode != 0 and "checkpoint.every=N" in empty.stderr
+    not_a_run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "critic_probe.py"), str(tmp_path)],
+                               cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert not_a_run.returncode != 0 and not_a_run.stderr.strip().splitlines() == [
+        f"critic_probe: {tmp_path} has no .hydra/config.yaml: pass the directory of a run written by embodied.train"]
