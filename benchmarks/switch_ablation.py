@@ -40,12 +40,20 @@ VARIANTS = {
     "entropy in the backup": ["algo.online_agent.backup_entropy=true"],
     "warmup 200 instead of the preset's": ["budget.warmup_steps=200"],
     "warmup 5,000 (the paper's count)": ["budget.warmup_steps=5000"],
+    "Adam steps only for the updated networks": ["algo.online_agent.zero_grad_adam_steps=false"],
+    "temperature entropy at s, not s'": ["algo.online_agent.temperature_entropy_obs=observations"],
+    "temperature as exp(p), not softplus (own pretraining)": ["algo.offline_agent.multiplier_param=exp"],
+    "PyTorch's default init (own pretraining)": ["algo.offline_agent.init=torch"],
+    "all four optimiser details off (stop 40's recipe; own pretraining)": [
+        "algo.offline_agent.init=torch", "algo.offline_agent.multiplier_param=exp",
+        "algo.offline_agent.temperature_entropy_obs=observations", "algo.offline_agent.zero_grad_adam_steps=false"],
     "10 critics (the paper's count; own pretraining)": ["algo.num_critics=10"],
     "10 critics and warmup 5,000 (the paper's counts; own pretraining)": ["algo.num_critics=10",
                                                                           "budget.warmup_steps=5000"],
 }
 # variants whose knob changes the offline agent too: each gets its own pretraining (same seed and budget)
-OWN_PRETRAINING = {name for name, extra in VARIANTS.items() if any(o.startswith("algo.num_critics=") for o in extra)}
+OWN_PRETRAINING = {name for name, extra in VARIANTS.items()
+                   if any(o.startswith(("algo.num_critics=", "algo.offline_agent.")) for o in extra)}
 
 
 def late_window(run_dir: Path) -> dict:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from embodied.agents.nets import tune_allocator
+from embodied.errors import CheckpointError
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer, prefix: str) -> dict[str, torch.Tensor]:
@@ -40,7 +41,7 @@ class Agent:
     (safetensors-ready) of the networks, 0-d parameters and optimizers it names.
 
     Subclasses build their networks after `super().__init__` and name them in `_modules()`,
-    `_optimizers()` and `scalars` (e.g. SAC's `log_alpha`); nothing else is needed to save and load."""
+    `_optimizers()` and `scalars` (e.g. SAC's `alpha_param`); nothing else is needed to save and load."""
     scalars: tuple[str, ...] = ()
 
     def __init__(self, obs_dim: int, act_dim: int, cfg, device: str | torch.device = "cpu", seed: int = 0):
@@ -82,6 +83,9 @@ def restore_tensors(agent: Agent, tensors: dict[str, torch.Tensor]) -> None:
         prefix = name + "."
         module.load_state_dict({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
     for name in agent.scalars:
+        if getattr(agent, name, None) is not None and name not in tensors:
+            raise CheckpointError(f"the checkpoint has no {name!r}, which this {type(agent).__name__} learns; "
+                                  "it was written by another agent or config: load it with the one that wrote it")
         if name in tensors and getattr(agent, name, None) is not None:
             with torch.no_grad():
                 getattr(agent, name).copy_(tensors[name])

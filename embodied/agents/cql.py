@@ -7,7 +7,7 @@ CQL is SAC whose critic loss adds, per critic,
 over n uniform random actions, n policy actions at s and n policy actions at s' (all evaluated at s).
 With importance sampling (CQL(H), the default) each term is divided by its proposal density,
 i.e. log-densities are subtracted inside the logsumexp. The penalty is scaled by `cql_alpha`, or by
-a Lagrange multiplier exp(log_cql_alpha) that holds the penalty near `target_action_gap`.
+a Lagrange multiplier exp(p) or softplus(p) (`multiplier_param`) that holds the penalty near `target_action_gap`.
 
 Cal-QL changes one thing: the Q-values of the policy actions inside the logsumexp are floored by
 the Monte-Carlo return of the data, `max(Q(s, a_pi), mc_return(s, a_data))`, so the learned Q is
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from embodied.agents.nets import adam, soft_update
+from embodied.agents.nets import adam, multiplier, multiplier_inverse, soft_update
 from embodied.agents.sac import SAC, SACConfig
 from embodied.errors import ConfigError
 from policies.distributions import gaussian_log_prob_log_std, tanh_log_det
@@ -88,14 +88,19 @@ def cql_penalty(q_data: torch.Tensor, q_random: torch.Tensor, q_pi: torch.Tensor
 
 class CQL(SAC):
     """SAC + conservative penalty. Public attributes match SAC, so `SAC.from_agent(cql, ...)` switches losses."""
-    scalars = ("log_alpha", "log_cql_alpha")
+    scalars = ("alpha_param", "cql_alpha_param")
 
     def __init__(self, obs_dim: int, act_dim: int, cfg: CQLConfig = CQLConfig(), device: str = "cpu", seed: int = 0):
         super().__init__(obs_dim, act_dim, cfg, device, seed)
-        self.log_cql_alpha = None
+        self.cql_alpha_param = None
         if cfg.lagrange:
-            self.log_cql_alpha = torch.tensor(math.log(cfg.lagrange_init), device=self.device, requires_grad=True)
-            self.cql_alpha_optimizer = adam([self.log_cql_alpha], cfg.cql_alpha_lr)
+            self.cql_alpha_param = torch.tensor(multiplier_inverse(cfg.lagrange_init, cfg.multiplier_param),
+                                                device=self.device, requires_grad=True)
+            self.cql_alpha_optimizer = adam([self.cql_alpha_param], cfg.cql_alpha_lr)
+
+    def cql_alpha_weight(self) -> torch.Tensor:
+        """The Lagrange weight of the penalty (`lagrange`), differentiable in `cql_alpha_param`."""
+        return multiplier(self.cql_alpha_param, self.cfg.multiplier_param)
 
     @torch.no_grad()
     def sample_actions(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -152,11 +157,11 @@ class CQL(SAC):
             self.act_dim, cfg.cql_temperature, cfg.cql_importance_sample,
             batch["mc_returns"] if cfg.calql else None)
         td_loss = ((q_data_all - target_q) ** 2).mean(1).sum()  # summed over critics, as in SAC
-        if cfg.lagrange:  # weight = exp(log_cql_alpha), pushed up while penalty > gap (Cal-QL's Lagrange form)
-            multiplier = self.log_cql_alpha.exp().clamp(0.0, 1e6)
-            penalty_loss = (multiplier.detach() * (penalty - cfg.target_action_gap)).sum()
-            alpha_loss = -(multiplier * (penalty.detach() - cfg.target_action_gap)).mean()
-            weight = multiplier.detach()
+        if cfg.lagrange:  # the weight is pushed up while penalty > gap (Cal-QL's Lagrange form)
+            weight = self.cql_alpha_weight().clamp(0.0, 1e6)
+            penalty_loss = (weight.detach() * (penalty - cfg.target_action_gap)).sum()
+            alpha_loss = -(weight * (penalty.detach() - cfg.target_action_gap)).mean()
+            weight = weight.detach()
         else:
             penalty_loss, alpha_loss, weight = cfg.cql_alpha * penalty.sum(), None, cfg.cql_alpha
         metrics = {"critic_loss": td_loss.detach(), "cql_penalty": penalty.detach().mean(),

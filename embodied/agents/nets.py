@@ -141,6 +141,46 @@ def adam(params, lr: float) -> torch.optim.Adam:
         return torch.optim.Adam(params, lr=lr, foreach=True)
 
 
+@torch.no_grad()
+def orthogonal_init_(module: nn.Module, gain: float = math.sqrt(2.0), last_hidden_gain: float | None = None) -> None:
+    """WSRL's (jaxrl_m's) default init: every kernel orthogonal with `gain`, every bias 0; an ensemble's last hidden
+    layer with `last_hidden_gain` instead when given (its `kernel_scale_final`). Works on nn.Linear stacks
+    and on EnsembleMLP ([N, in, out] per member); LayerNorm parameters keep their 1 / 0."""
+    for sub in module.modules():
+        if isinstance(sub, nn.Linear):
+            nn.init.orthogonal_(sub.weight, gain)
+            if sub.bias is not None:
+                sub.bias.zero_()
+        elif isinstance(sub, EnsembleMLP):
+            last_hidden = len(sub.weights) - 2
+            for i, (weight, bias) in enumerate(zip(sub.weights, sub.biases)):
+                layer_gain = last_hidden_gain if (i == last_hidden and last_hidden_gain is not None) else gain
+                for member in weight:
+                    nn.init.orthogonal_(member, layer_gain)
+                bias.zero_()
+
+
+def multiplier(param: torch.Tensor, kind: str) -> torch.Tensor:
+    """A positive multiplier (temperature, Lagrange weight) from its raw parameter: exp(p) or softplus(p)."""
+    return param.exp() if kind == "exp" else F.softplus(param)
+
+
+def multiplier_inverse(value: float, kind: str) -> float:
+    """The raw parameter that gives `value` (> 0)."""
+    return math.log(value) if kind == "exp" else math.log(math.expm1(value))
+
+
+@torch.no_grad()
+def adam_zero_grad_step(*optimizers: torch.optim.Optimizer) -> None:
+    """One optimizer step with a zero gradient: Adam still moves each parameter by its decayed momentum."""
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                param.grad = torch.zeros_like(param)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
 def split_batch(batch: Mapping[str, torch.Tensor], parts: int) -> list[dict[str, torch.Tensor]]:
     """`parts` equal slices along the batch axis (UTD minibatches); the batch must divide evenly."""
     size = len(next(iter(batch.values())))

@@ -331,16 +331,15 @@ class Runner:
                         step=0, phase="online", kind="switch")
 
     def _temperature(self) -> float | None:
-        log_alpha = getattr(self.agent, "log_alpha", None)
-        return None if log_alpha is None else float(log_alpha.detach().exp())
+        alpha = getattr(self.agent, "alpha", None)
+        return None if alpha is None else float(alpha().detach())
 
     def _switch_temperature(self) -> None:
         """The pretrained temperature meets a critic that lost its conservative penalty (issue analysis in
         benchmarks/RESULTS.md): keep it (WSRL's code), reset it, or let it move fast at first."""
         cfg, agent = self.cfg, self.agent
         if cfg.switch_temperature == "reset":
-            with torch.no_grad():
-                agent.log_alpha.fill_(float(np.log(cfg.switch_temperature_value)))
+            agent.set_alpha(cfg.switch_temperature_value)
             agent.alpha_optimizer.state.clear()
         elif cfg.switch_temperature == "fast":
             self._set_alpha_lr(agent.cfg.alpha_lr * cfg.switch_temperature_lr_scale)

@@ -153,15 +153,15 @@ def test_lagrange_multiplier_moves_and_checkpoints():
     agent = CQL(2, ACT_DIM, cfg)
     batch = _batch(size=8)
     for _ in range(3):
-        before = agent.log_cql_alpha.item()
+        before = agent.cql_alpha_param.item()
         metrics = agent.update(batch)
-    assert agent.log_cql_alpha.item() < before < 0  # penalty far below the gap: the multiplier shrinks
+    assert agent.cql_alpha_param.item() < before < 0  # penalty far below the gap: the multiplier shrinks
     assert metrics["cql_alpha"] == pytest.approx(math.exp(before), rel=1e-5)  # the weight is the multiplier (Cal-QL)
     state = agent.state_dict()
-    assert "log_cql_alpha" in state and any(k.startswith("cql_alpha_optimizer.") for k in state)
+    assert "cql_alpha_param" in state and any(k.startswith("cql_alpha_optimizer.") for k in state)
     other = CQL(2, ACT_DIM, cfg)
     other.load_state_dict(state)
-    assert other.log_cql_alpha.item() == agent.log_cql_alpha.item()
+    assert other.cql_alpha_param.item() == agent.cql_alpha_param.item()
     assert all(torch.equal(v, other.state_dict()[k]) for k, v in state.items())
 
 

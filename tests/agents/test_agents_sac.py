@@ -102,7 +102,7 @@ def test_from_agent_keeps_or_reinitialises_critic_and_optimizers():
 
     kept = SAC.from_agent(cql, online)
     assert kept.actor is cql.actor and kept.critic is cql.critic and kept.target_critic is cql.target_critic
-    assert kept.log_alpha is cql.log_alpha
+    assert kept.alpha_param is cql.alpha_param
     assert kept.critic_optimizer is cql.critic_optimizer and kept.actor_optimizer is cql.actor_optimizer
     assert _step_state(kept.critic_optimizer)["step"].item() == 3  # Adam moments carried over
     assert kept.actor_optimizer.param_groups[0]["lr"] == 1e-3 and kept.critic_optimizer.param_groups[0]["lr"] == 2e-3
@@ -129,7 +129,7 @@ def test_from_bc_and_iql_agents():
     bc.update(_batch())
     sac = SAC.from_agent(bc, SACConfig(hidden=(8,)), reinit_critic=True)
     assert sac.actor is bc.actor and sac.actor_optimizer is bc.actor_optimizer
-    assert sac.log_alpha.requires_grad and sac.critic.num_critics == 2
+    assert sac.alpha_param.requires_grad and sac.critic.num_critics == 2
     sac.update(_batch())
     iql = IQL(3, 2, IQLConfig(hidden=(8,)))
     iql.update(_batch())
@@ -173,3 +173,95 @@ def test_sac_update_runs_and_moves_weights(bf16):
     metrics = agent.update(_batch())
     assert all(math.isfinite(v) for v in metrics.values())
     assert all(not torch.equal(a, b) for a, b in zip(before, agent.critic.parameters()))
+
+
+def test_orthogonal_init_matches_wsrl_kernels_and_zero_biases():
+    """WSRL's networks start orthogonal (gain sqrt 2), biases 0, the critic's last hidden layer at gain 1e-2."""
+    torch.manual_seed(0)
+    cfg = SACConfig(hidden=(32, 32), num_critics=3, critic_layernorm=True, critic_kernel_scale_final=0.01,
+                    actor_layernorm=True, init="orthogonal")
+    agent = SAC(3, 2, cfg)
+    gains = [math.sqrt(2.0), 0.01, math.sqrt(2.0)]
+    for weight, bias, gain in zip(agent.critic.net.weights, agent.critic.net.biases, gains):
+        for member in weight:  # [in, out]: orthonormal along the shorter side, scaled by the gain
+            gram = member @ member.T if member.shape[0] <= member.shape[1] else member.T @ member
+            torch.testing.assert_close(gram, gain ** 2 * torch.eye(len(gram)), atol=1e-5, rtol=1e-4)
+        assert bias.abs().max() == 0
+    linears = [m for m in agent.actor.modules() if isinstance(m, nn.Linear)]
+    assert len(linears) == 3
+    for linear in linears:
+        w = linear.weight
+        gram = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
+        torch.testing.assert_close(gram, 2.0 * torch.eye(len(gram)), atol=1e-5, rtol=1e-4)
+        assert linear.bias.abs().max() == 0
+    default = SAC(3, 2, SACConfig(hidden=(32, 32)))
+    assert default.critic.net.biases[0].abs().max() > 0  # PyTorch's default init keeps nonzero biases
+
+
+def test_zero_grad_adam_steps_move_the_frozen_networks_by_momentum_only_in_split_updates():
+    """WSRL's critic-only minibatches also step the actor's Adam with a zero gradient (jaxrl_m's
+    networks_to_update); a joint update (UTD 1) is one step of each optimizer either way."""
+    batch = _batch(size=32)
+
+    def run(flag: bool, utd: int, actor: bool):
+        torch.manual_seed(0)
+        agent = SAC(3, 2, SACConfig(hidden=(16, 16), zero_grad_adam_steps=flag), seed=0)
+        agent.update(batch)  # builds Adam momentum in every network
+        before = [p.detach().clone() for p in agent.actor.parameters()]
+        agent.update(batch, utd=utd, actor=actor)
+        moved = sum(float((p.detach() - b).abs().sum()) for p, b in zip(agent.actor.parameters(), before))
+        return moved, [p.detach().clone() for p in agent.actor.parameters()], agent
+
+    assert run(False, 2, actor=False)[0] == 0  # critic only: the actor stays put
+    assert run(True, 2, actor=False)[0] > 0    # ... unless its momentum is stepped
+    _, joint_off, agent_off = run(False, 1, actor=True)
+    _, joint_on, agent_on = run(True, 1, actor=True)
+    for a, b in zip(joint_off, joint_on):       # UTD 1: identical updates with or without the flag
+        torch.testing.assert_close(a, b)
+    _, split_off, _ = run(False, 4, actor=True)
+    _, split_on, agent_split = run(True, 4, actor=True)
+    assert any(not torch.equal(a, b) for a, b in zip(split_off, split_on))
+    steps = lambda agent, name: int(next(iter(getattr(agent, name).state.values()))["step"])
+    assert steps(agent_split, "actor_optimizer") == 1 + 5  # 4 momentum steps + 1 real one in the split update
+    assert steps(agent_split, "critic_optimizer") == 1 + 5  # 4 real + 1 momentum
+    assert steps(agent_on, "actor_optimizer") == steps(agent_off, "actor_optimizer") == 2
+
+
+@pytest.mark.parametrize("entropy_obs", ["observations", "next_observations"])
+def test_temperature_entropy_is_taken_where_configured(entropy_obs):
+    """WSRL's temperature loss uses actions sampled at s': only then does next_observations move the temperature."""
+    def alpha_param_after(next_scale: float) -> float:
+        torch.manual_seed(0)
+        agent = SAC(3, 2, SACConfig(hidden=(16, 16), temperature_entropy_obs=entropy_obs), seed=0)
+        batch = _batch(size=64)
+        batch["next_observations"] = batch["next_observations"] * next_scale
+        # plain SGD: the step is the gradient itself (Adam's first step is +-lr whatever the entropy)
+        agent.alpha_optimizer = torch.optim.SGD([agent.alpha_param], lr=1.0)
+        agent.update_actor_and_alpha(batch)
+        return float(agent.alpha_param)
+
+    assert alpha_param_after(1.0) == alpha_param_after(1.0)
+    differs = alpha_param_after(1.0) != alpha_param_after(50.0)
+    assert differs == (entropy_obs == "next_observations")
+
+
+def test_bad_init_or_entropy_obs_is_a_one_line_config_error():
+    from embodied.errors import ConfigError
+    with pytest.raises(ConfigError, match="init='xavier'"):
+        SACConfig(init="xavier")
+    with pytest.raises(ConfigError, match="temperature_entropy_obs='s2'"):
+        SACConfig(temperature_entropy_obs="s2")
+
+
+def test_checkpoint_scalars_load_by_name_and_a_missing_one_is_an_error():
+    """Checkpoints from before `multiplier_param` named the exp temperature `log_alpha`: they still load; a
+    checkpoint without the temperature (or a softplus agent fed an exp-era one) is refused, not silently reset."""
+    from embodied.errors import CheckpointError
+    agent = SAC(3, 2, SACConfig(hidden=(8,), init_temperature=0.3))
+    old = {("log_alpha" if k == "alpha_param" else k): v for k, v in agent.state_dict().items()}
+    fresh = SAC(3, 2, SACConfig(hidden=(8,)))
+    fresh.load_state_dict(old)
+    assert float(fresh.alpha()) == pytest.approx(0.3)
+    softplus = SAC(3, 2, SACConfig(hidden=(8,), multiplier_param="softplus"))
+    with pytest.raises(CheckpointError, match="no 'alpha_param'"):
+        softplus.load_state_dict(old)

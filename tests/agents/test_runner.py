@@ -142,9 +142,9 @@ def test_switch_temperature_knob(dataset, tmp_path, mode):
     runner = Runner(small(switch_temperature=mode, switch_temperature_value=0.05, switch_temperature_steps=5,
                           warmup_steps=20), dataset, tmp_path, logger, progress=False)
     runner._run_offline()
-    pretrained = float(runner.offline_agent.log_alpha.detach().exp())
+    pretrained = float(runner.offline_agent.alpha())
     runner._switch()
-    at_switch = float(runner.agent.log_alpha.detach().exp())
+    at_switch = float(runner.agent.alpha())
     lr = runner.agent.alpha_optimizer.param_groups[0]["lr"]
     if mode == "reset":
         assert at_switch == pytest.approx(0.05)

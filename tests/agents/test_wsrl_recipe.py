@@ -1,7 +1,6 @@
 """The faithful WSRL/Cal-QL recipe's agent knobs, each checked against a hand computation."""
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest
@@ -102,9 +101,24 @@ def test_subset_penalty_uses_only_the_drawn_critics():
     assert metrics["cql_penalty"].item() == pytest.approx(penalty.mean().item(), abs=1e-5)
 
 
+@pytest.mark.parametrize("param", ["exp", "softplus"])
+def test_multipliers_start_at_their_init_and_move_the_right_way(param):
+    """Temperature and Lagrange weight, as exp(p) or as WSRL's softplus(p): each starts at its init, a
+    reset lands exactly, and the Lagrange weight shrinks while the penalty sits below the target gap."""
+    agent = CQL(OBS, ACT, CQLConfig(hidden=(8,), lagrange=True, lagrange_init=2.0, init_temperature=0.7,
+                                    multiplier_param=param, target_action_gap=1e4))
+    assert float(agent.cql_alpha_weight()) == pytest.approx(2.0)
+    assert float(agent.alpha()) == pytest.approx(0.7)
+    agent.set_alpha(0.05)
+    assert float(agent.alpha()) == pytest.approx(0.05)
+    before = float(agent.cql_alpha_weight())
+    agent.update(batch(64))
+    assert float(agent.cql_alpha_weight()) < before
+
+
 def test_lagrange_weight_starts_at_its_init_and_kernel_scale_shrinks_the_last_hidden_layer():
     agent = CQL(OBS, ACT, CQLConfig(hidden=(8,), lagrange=True, lagrange_init=2.0))
-    assert math.exp(agent.log_cql_alpha.item()) == pytest.approx(2.0)
+    assert float(agent.cql_alpha_weight()) == pytest.approx(2.0)
     torch.manual_seed(0)
     plain = CriticEnsemble(OBS, ACT, (16, 16, 16), 2)
     torch.manual_seed(0)
