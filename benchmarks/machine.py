@@ -14,8 +14,16 @@ def cpu_info() -> dict:
     except OSError:
         text = ""
     model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
-    return {"model": model or platform.processor(), "avx512_bf16": "avx512_bf16" in text,
+    info = {"model": model or platform.processor(), "avx512_bf16": "avx512_bf16" in text,
             "amx_bf16": "amx_bf16" in text, "cores": os.cpu_count()}
+    limits = {name: os.environ[name] for name in ISA_LIMITS if os.environ.get(name)}
+    if limits:  # kernels restricted below what the CPU has (e.g. AVX2 on an AVX-512 machine): say so
+        info["isa_limits"] = limits
+    return info
+
+
+# environment variables that make torch, MKL and oneDNN use a smaller instruction set than the CPU offers
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
 
 
 def uptime() -> str:

@@ -40,6 +40,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine import cpu_info  # noqa: E402
 
 from embodied.agents.cql import CQL, CQLConfig  # noqa: E402
 from embodied.agents.sac import SAC, SACConfig  # noqa: E402
@@ -346,7 +349,7 @@ def main() -> None:
         path = out / f"update_speed-{tag}-{args.clock}-{time.strftime('%Y%m%d-%H%M%S')}.json"
         path.write_text(json.dumps(dict(
             config=dict(batch=BATCH, hidden=HIDDEN, obs_dim=OBS, act_dim=ACT, threads=args.threads, rounds=args.rounds,
-                        seconds=args.seconds, clock=args.clock, device=where, omp_wait_policy=os.environ.get("OMP_WAIT_POLICY")), torch=torch.__version__, machine=platform.processor() or platform.machine(),
+                        seconds=args.seconds, clock=args.clock, device=where, omp_wait_policy=os.environ.get("OMP_WAIT_POLICY")), torch=torch.__version__, machine=platform.processor() or platform.machine(), cpu=cpu_info(),
             load_avg=[load_before, os.getloadavg()], rates=rates, median=median, skipped=skipped, goals=goals,
             flops=dict(sac2=update_flops(2), sb3_sac=sb3_sac_flops(), sac10=update_flops(10), cql2=update_flops(2, 10), predicted_ratio=predicted)),
             indent=2))
