@@ -331,8 +331,8 @@ class Runner:
                         step=0, phase="online", kind="switch")
 
     def _temperature(self) -> float | None:
-        alpha = getattr(self.agent, "alpha", None)
-        return None if alpha is None else float(alpha().detach())
+        alpha = getattr(self.agent, "alpha", None)  # SAC and its kin: the temperature
+        return float(alpha().detach()) if callable(alpha) else None
 
     def _switch_temperature(self) -> None:
         """The pretrained temperature meets a critic that lost its conservative penalty (issue analysis in
