@@ -52,7 +52,11 @@ def test_switch_ablation_quick(tmp_path, run_benchmark):
     rows = json.loads((tmp_path / "summary" / "quick.json").read_text())
     assert {r["rc"] for r in rows} == {0}
     shared = [r for r in rows if "own pretraining" not in r["variant"]]
-    assert len(shared) == len(rows) - 1 and len({r["offline_score"] for r in shared}) == 1  # one pretraining
+    own_variants = {r["variant"] for r in rows} - {r["variant"] for r in shared}
+    assert len(own_variants) == 4  # 10 critics, exp temperature, PyTorch's init, all four optimiser details off
+    assert len(shared) == len(rows) - len(own_variants) and len({r["offline_score"] for r in shared}) == 1
+    exp = tmp_path / "raw" / "quick" / "pretrain_temperature_as_exp_p___not_softplus__own_pretraining_s0"
+    assert "multiplier_param: exp" in (exp / "config.yaml").read_text()
     own = tmp_path / "raw" / "quick" / "pretrain_10_critics__the_paper_s_count__own_pretraining_s0"
     assert "num_critics: 10" in (own / "config.yaml").read_text()
     ten = json.loads((tmp_path / "raw" / "quick" / "10_critics__the_paper_s_count__own_pretraining_s0" /

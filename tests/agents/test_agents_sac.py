@@ -238,7 +238,7 @@ def test_temperature_entropy_is_taken_where_configured(entropy_obs):
         # plain SGD: the step is the gradient itself (Adam's first step is +-lr whatever the entropy)
         agent.alpha_optimizer = torch.optim.SGD([agent.alpha_param], lr=1.0)
         agent.update_actor_and_alpha(batch)
-        return float(agent.alpha_param)
+        return float(agent.alpha_param.detach())
 
     assert alpha_param_after(1.0) == alpha_param_after(1.0)
     differs = alpha_param_after(1.0) != alpha_param_after(50.0)
