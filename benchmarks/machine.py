@@ -7,6 +7,9 @@ import platform
 import subprocess
 from pathlib import Path
 
+# environment variables that make torch, MKL and oneDNN use a smaller instruction set than the CPU offers
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+
 
 def cpu_info() -> dict:
     try:
@@ -20,10 +23,6 @@ def cpu_info() -> dict:
     if limits:  # kernels restricted below what the CPU has (e.g. AVX2 on an AVX-512 machine): say so
         info["isa_limits"] = limits
     return info
-
-
-# environment variables that make torch, MKL and oneDNN use a smaller instruction set than the CPU offers
-ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
 
 
 def uptime() -> str:

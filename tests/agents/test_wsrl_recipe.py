@@ -1,7 +1,6 @@
 """The faithful WSRL/Cal-QL recipe's agent knobs, each checked against a hand computation."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
