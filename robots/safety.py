@@ -42,6 +42,7 @@ from robots.geometry import box_distance_m as _box_distance
 from robots.types import Command, ControlMode, RobotConfig
 
 TOL = 1e-9
+OUTSIDE_CREEP_M = 1e-12  # FK rounding: a step from outside the box may add no more than this to its distance
 REST_FRACTION = 0.01   # a joint slower than this share of its speed limit counts as stopped (`_anchor_at_rest`)
 BACKEND_CONTRACT = """A joint command's velocity (position mode: towards its target) holds for one control
 period; if no command follows by then, the backend brakes every joint at its acceleration limit. The
@@ -271,9 +272,11 @@ class WorkspaceFilter:
         if p_start is None:
             return cmd, []
         d_start = _box_distance(p_start, lo, hi)
-        if d_start > 0:  # already outside: allow only steps that approach the box
+        if d_start > 0:  # already outside: allow only steps that take it no further out
+            # (a step along the wall, or a wrist turn that leaves the end effector where it is, is not
+            # a step away: stopping it froze an arm a hair below the floor for good, issue 14)
             p_new = ctx.fk(start + vel * ctx.dt_s)
-            if _box_distance(p_new, lo, hi) < d_start:
+            if _box_distance(p_new, lo, hi) <= d_start + OUTSIDE_CREEP_M:
                 return cmd, []
             _set_velocity(cmd, ctx, np.zeros_like(vel))
             return cmd, [SafetyEvent("workspace_wall", self.name, "outside the box: step away from it stopped")]

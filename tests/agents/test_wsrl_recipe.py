@@ -141,3 +141,21 @@ def test_uniform_std_policy_and_std_clip_round_trip(tmp_path):
     assert loaded.log_std_range == (-11.5, 2.3) and loaded.layernorm and not loaded.state_dependent_std
     obs = np.zeros(OBS, np.float32)
     assert np.allclose(loaded.act(obs), agent.actor.act(obs))
+
+
+def test_scratch_is_wsrls_online_agent_without_a_pretraining():
+    """algo=scratch is the o2o comparison's control: WSRL's online agent learning from random steps. Its
+    online agent listed its own fields and missed the four optimiser details stop 41 gave wsrl, so the
+    scratch rows ran a different SAC from the wsrl rows."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from embodied.train import CONF_DIR
+
+    def online_agent(algo):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="train", overrides=[f"algo={algo}"])
+        return OmegaConf.to_container(cfg.algo.online_agent, resolve=True)
+
+    wsrl, scratch = online_agent("wsrl"), online_agent("scratch")
+    assert scratch == wsrl

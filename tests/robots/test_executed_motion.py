@@ -549,3 +549,23 @@ def test_box_excess_a_collision_left_is_reported_apart_from_the_controllers(step
     assert box_distance_m(server.data.site_xpos[server.arm.site], server.box_lo, server.box_hi) > 0.025
     assert server.peaks["peak_box_displaced_m"] > 0.025
     assert counted_mm[0] <= 1e3 * server.peaks["peak_box_excess_m"] <= counted_mm[1]
+
+
+def test_outside_the_box_a_step_that_goes_no_further_out_is_allowed():
+    """An arm left a hair below the floor (a Cartesian move that ended there) could make no motion that
+    left the end effector's distance to the box unchanged, a wrist turn included: every such step was
+    stopped, and franka_sim's joint-7 test saw 1400 of 1400 commands stopped (issue 14). Steps further
+    out stay stopped."""
+    home = [0.0, -0.45, -0.2]
+    lo = np.array(small_config().workspace_min_m)
+    assert planar_fk(np.array(home))[2] < lo[2] - 0.2                       # well below the floor
+    robot = armed(control_mode="joint_velocity", home_joint_pos_rad=home)
+    for _ in range(20):                                                    # base yaw: the height stays
+        robot.send_action(np.array([0.5, 0.0, 0.0, 0.04]))
+        robot.virtual_s += robot.config.period_s
+    assert robot.q[0] > 0.05 and robot.chain.counts[("workspace_wall", "clip")] == 0
+    q_before = robot.q.copy()
+    for _ in range(5):                                                     # the shoulder down: further out
+        robot.send_action(np.array([0.0, -1.0, 0.0, 0.04]))
+        robot.virtual_s += robot.config.period_s
+    assert robot.q[1] >= q_before[1] - 1e-9 and robot.chain.counts[("workspace_wall", "clip")] >= 5
