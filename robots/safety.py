@@ -243,7 +243,7 @@ class WorkspaceFilter:
     measured state), the arm brakes: an arm cannot stop harder than its acceleration limit, so a step
     cut at the wall would only tell the chain it had stopped where it has not. Only where the wall
     lies inside the braking step itself is that step cut short (`workspace_wall`, which may stop
-    harder). From outside the box only steps that bring the end effector closer are allowed.
+    harder). From outside the box only steps that take the end effector no further out are allowed.
     """
 
     name = "workspace"
