@@ -110,9 +110,12 @@ def main() -> None:
                                  str(summary_dir)], cwd=REPO, capture_output=True, text=True)
         print(f"\n## {task}\n\n{result.stdout.strip() or result.stderr.strip()}")
         summary_dir.mkdir(parents=True, exist_ok=True)
-        (summary_dir / "args.json").write_text(json.dumps(
-            {**vars(args), "seeds": list(seeds), "wall_clock_min": round(elapsed / 60, 1), "failed": failed},
-            default=str, indent=2))
+        record = {**vars(args), "seeds": list(seeds), "wall_clock_min": round(elapsed / 60, 1), "failed": failed,
+                  "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+        (summary_dir / "args.json").write_text(json.dumps(record, default=str, indent=2))
+        # a sweep built in pieces into one --out: the summary covers every run there, args.json only this piece
+        with open(summary_dir / "invocations.jsonl", "a") as log:
+            log.write(json.dumps(record, default=str) + "\n")
         for name in ("summary.json",):
             for path in (args.out / task).glob(f"*/{name}"):
                 shutil.copy(path, summary_dir / f"{path.parent.name}.json")

@@ -42,6 +42,8 @@ def test_o2o_compare_quick_shares_one_pretraining(tmp_path, run_benchmark):
     wsrl = json.loads((tmp_path / "raw" / "pointmaze" / "wsrl_s0" / "summary.json").read_text())
     assert naive["pretrained"] == str(tmp_path / "raw" / "pointmaze" / "wsrl_s0")  # no second pretraining
     assert naive["offline_score"] == wsrl["offline_score"]
+    invocations = (tmp_path / "summary" / "pointmaze" / "invocations.jsonl").read_text().splitlines()
+    assert [json.loads(line)["presets"] for line in invocations] == ["wsrl,naive,scratch"]
 
 
 def test_switch_ablation_quick(tmp_path, run_benchmark):
