@@ -117,7 +117,7 @@ def fuzz_mode(mode: str, commands: int, seed: int) -> dict:
                 if robot.state is not State.ARMED:
                     reason = next((e.get("reason", "") for e in reversed(robot.events) if e.get("reason")), "")
                     holds[reason.split(":")[0] or robot.state.value] += 1
-                    reasons[reason[:70]] += 1
+                    reasons[reason[:200]] += 1
                     stretch = fold_peaks(robot, overall)  # the peaks of the stretch this hold ended
                     key = "self-collision" if "collision" in reason else reason.split(":")[0] or robot.state.value
                     box_by_end[key] = max(box_by_end.get(key, 0.0), stretch["peak_box_excess_m"])
