@@ -2,7 +2,11 @@
 a suite is its own kind of env (~100 MB each), so an unbounded cache grew past 11 GB in one eval-sets run."""
 from __future__ import annotations
 
+import pytest
+
 from embodied import evaluation
+
+pytestmark = pytest.mark.slow  # builds manipulation envs: seconds each on 2 cores
 
 
 def test_the_env_cache_closes_the_least_recently_used_kinds_beyond_its_bound(monkeypatch):

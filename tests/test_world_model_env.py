@@ -211,6 +211,7 @@ def test_random_actions_through_the_project_rollout_helper():
     assert np.isfinite(out["rewards"]).all()
 
 
+@pytest.mark.slow  # a few seconds on 2 cores
 def test_fitted_models_learn_the_dataset():
     ds = linear_dataset(episodes=20)
     model = StateEnsembleModel(OBS, ACT, num_members=3, hidden=32, layers=2)

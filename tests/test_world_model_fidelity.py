@@ -192,6 +192,7 @@ def test_classifier_accuracy_on_hand_made_labels():
         classifier_accuracy(Probabilities(p), np.zeros((8, 3)), y[:5])
 
 
+@pytest.mark.slow  # a few seconds on 2 cores
 def test_benchmark_quick_writes_json_and_plots(tmp_path, run_benchmark):
     run_benchmark("world_model_fidelity.py", "--quick", "--out", str(tmp_path), timeout=240)
     (path,) = tmp_path.glob("world_model_fidelity-quick-*.json")

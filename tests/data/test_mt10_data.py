@@ -12,6 +12,7 @@ from sims import mt10
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
+@pytest.mark.slow  # a few seconds on 2 cores
 def test_two_tasks_of_demos_load_as_one_suite(tmp_path):
     suite = load_suite("mt10", [1, 7], 150, 0, ("front",), 32, progress=False, cache_dir=tmp_path)
     assert len(suite) == 300 and suite.states.shape == (300, 39) and suite.actions.shape == (300, 4)

@@ -184,6 +184,7 @@ def test_a_recover_while_the_arm_still_moves_waits_for_rest():
     assert state["peak_acc_ratio"] <= 1.05, state["peak_acc_at"]
 
 
+@pytest.mark.slow  # a few seconds on 2 cores
 def test_an_arm_resting_past_a_joint_limit_is_not_yanked_back_when_it_moves_again():
     """A collision can push a joint past its software limit (the hard stop lies beyond it): the hold takes
     the arm where it rests, and the first command used to clip that reference onto the limit in one tick,
@@ -426,6 +427,7 @@ def test_commands_sent_while_the_sim_server_stalls_are_met_when_due():
     assert max(late) <= 5 * tick_s, late
 
 
+@pytest.mark.slow  # a few seconds on 2 cores
 def test_after_a_stall_the_sim_arm_runs_each_command_when_it_was_sent():
     """The sim arm server stalls (SIGSTOP) while the controller sends a velocity command, waits 30 ms and
     sends the next: the chain, which saw the second one come late, ages its reference along the stop the

@@ -62,6 +62,7 @@ def test_ogbench_action_map_reads_its_actions_as_end_effector_deltas():
         ActionMap("ogbench", dof=6, mode="joint_position")
 
 
+@pytest.mark.slow  # a few seconds on 2 cores
 def test_images_and_the_instruction_reach_the_policy_and_bad_frames_are_named(vla_server):
     client = PolicyClient(vla_server.address)
     spec = client.spec()
@@ -86,6 +87,7 @@ def test_images_and_the_instruction_reach_the_policy_and_bad_frames_are_named(vl
     client.close()
 
 
+@pytest.mark.slow  # a few seconds on 2 cores
 def test_an_oversized_image_message_is_refused_and_the_server_stays_up(vla_server):
     client = PolicyClient(vla_server.address)
     client.spec()

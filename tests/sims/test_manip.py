@@ -15,7 +15,6 @@ from sims.manip import MANIP_NAMES, SUITES
 from sims.scene import Predicate, Scene, SceneObject
 
 pytestmark = [pytest.mark.slow,  # MuJoCo manipulation scenes, seconds each
-              pytest.mark.slow,  # MuJoCo manipulation scenes, seconds each
               pytest.mark.filterwarnings("ignore:.*precision lowered"),
               pytest.mark.filterwarnings("ignore:.*different from the unwrapped version"),
               pytest.mark.filterwarnings("ignore:.*Box observation space m")]

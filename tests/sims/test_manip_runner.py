@@ -9,7 +9,6 @@ from omegaconf import OmegaConf
 from embodied.train import CONF_DIR, run
 
 pytestmark = [pytest.mark.slow,  # an offline -> online run on cube-single
-              pytest.mark.slow,  # an offline -> online run on cube-single
               pytest.mark.filterwarnings("ignore:.*precision lowered"),
               pytest.mark.filterwarnings("ignore:.*Box observation space m")]
 

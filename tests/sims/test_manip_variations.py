@@ -30,6 +30,7 @@ def test_the_heldout_wording_shares_no_template_with_the_training_wording():
 
 
 @pytest.mark.parametrize("suite", ["cube-single", "cube-double", "scene"])
+@pytest.mark.slow  # a few seconds on 2 cores
 def test_paraphrase_instructions_never_repeat_a_training_instruction(suite):
     seen = {}
     for variation in ("none", "paraphrase"):
@@ -44,6 +45,7 @@ def _cube_xy(env, i=0):
     return np.array(env.unwrapped._data.joint(f"object_joint_{i}").qpos[:2])
 
 
+@pytest.mark.slow  # a few seconds on 2 cores
 def test_positions_start_the_cube_outside_every_training_start():
     plain = sims.make("cube-single", task_id=1)
     shifted = sims.make("cube-single", task_id=1, variation="positions")
@@ -60,6 +62,7 @@ def test_positions_start_the_cube_outside_every_training_start():
     plain.close(), shifted.close()
 
 
+@pytest.mark.slow  # a few seconds on 2 cores
 def test_image_variations_change_only_the_camera_frames():
     def first_obs(variation):
         env = sims.make("cube-single", task_id=2, images=("front",), image_size=64, language=True,
@@ -79,6 +82,7 @@ def test_image_variations_change_only_the_camera_frames():
     assert yellow(first_obs("distractor")[IMAGE]) > 4
 
 
+@pytest.mark.slow  # a few seconds on 2 cores
 def test_bad_variations_say_what_to_use():
     with pytest.raises(UserError, match="variation='fog': choose one of none, paraphrase"):
         sims.make("cube-single", variation="fog")

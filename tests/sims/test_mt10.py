@@ -19,6 +19,7 @@ def test_the_suite_is_registered_with_its_ten_tasks():
         assert mt10.scripted_policy(task_id) is not None
 
 
+@pytest.mark.slow  # a few seconds on 2 cores
 def test_the_scripted_policy_solves_reach_and_success_ends_the_episode():
     env = sims.make("mt10", task_id=1, images=("front",), image_size=32, language=True)
     policy = mt10.scripted_policy(1)
@@ -51,6 +52,7 @@ def test_success_reward_pays_one_at_the_succeeding_step_only():
     assert len(rewards["dense"]) == len(rewards["success"]) and len(set(rewards["dense"])) > 2  # same episode, shaped
 
 
+@pytest.mark.slow  # a few seconds on 2 cores
 def test_resets_are_seeded_and_positions_draws_other_starts():
     def start(seed, variation="none"):
         env = sims.make("mt10", task_id=2, variation=variation)
