@@ -192,7 +192,9 @@ def record_video(env_name: str, policy: BatchPolicy, path: str | Path, episodes:
                  size: int = 128, fps: int = 30, max_steps: int | None = None, env_kwargs: dict | None = None,
                  full_obs: bool = False) -> Path | None:
     """Render a few episodes into one mp4. Returns None (with a warning) when no GL backend works.
-    `full_obs`: the policy gets the observation dict as a batch of one (frames, instruction), not [1, obs]."""
+    `full_obs`: the policy gets the observation dict as a batch of one (frames, instruction), not [1, obs].
+    A policy with a `wants_chunk_next()` method (a chunk executed open-loop) is not given the frames it will
+    not read: mid-chunk observations skip their camera frames, as in `evaluate` (the video frames are apart)."""
     import imageio.v2 as imageio
     import warnings
 
@@ -208,6 +210,8 @@ def record_video(env_name: str, policy: BatchPolicy, path: str | Path, episodes:
             while not done and (max_steps is None or steps < max_steps):
                 query = stack_observations([obs]) if full_obs else obs[STATE_KEY][None]
                 action = np.asarray(policy(query))[0]
+                if full_obs and not getattr(policy, "wants_chunk_next", lambda: True)():
+                    sims.skip_next_frames(env)  # mid-chunk: the policy will not read these frames
                 obs, _, terminated, truncated, _ = env.step(action)
                 frames.append(env.render())
                 done, steps = terminated or truncated, steps + 1

@@ -58,3 +58,41 @@ def test_a_vla_evaluation_renders_only_the_frames_its_policy_reads(monkeypatch):
     assert len(calls) == len(all_calls) == 4 and all(shape == (2, 32, 32, 3) for shape in calls)   # steps 0, 3, 6, 9
     np.testing.assert_array_equal(skipped.states, rendered.states)
     np.testing.assert_array_equal(skipped.returns, rendered.returns)
+
+
+def test_a_vla_video_renders_only_the_frames_its_policy_reads(monkeypatch, tmp_path):
+    """record_video skips mid-chunk camera frames for a policy that says when it wants its next chunk (as
+    `VLARunner._task_policy` does); the policy still gets frames at every chunk, and acts as with all frames."""
+    import numpy as np
+
+    import sims
+    from embodied.constants import STATE_KEY, image_key
+    from embodied.evaluation import ChunkActor
+
+    real_skip = sims.skip_next_frames
+
+    def run(skip: bool):
+        skips, calls, actions = [], [], []
+        monkeypatch.setattr(sims, "skip_next_frames", lambda env: (skips.append(1), skip and real_skip(env)))
+        actor = ChunkActor(None, 1, 3)
+
+        def policy(obs):
+            if actor.observe(obs[STATE_KEY][0]):
+                calls.append(obs[image_key("front")].shape)   # a skipped frame here would raise KeyError
+                rng = np.random.default_rng(int(1000 * abs(obs[STATE_KEY][0, 0])) % 2**32)
+                actor.push(rng.uniform(-1, 1, (3, 5)).astype(np.float32))
+            actions.append(actor.next_action())
+            return actions[-1][None]
+        policy.wants_chunk_next = actor.wants_chunk_next
+        path = evaluation.record_video("cube-single", policy, tmp_path / f"skip{skip}.mp4", episodes=1, seed=3,
+                                       size=32, max_steps=10, full_obs=True,
+                                       env_kwargs=dict(task_id=1, images=("front",), image_size=32))
+        monkeypatch.undo()
+        assert path is not None and path.stat().st_size > 0
+        return skips, calls, np.stack(actions)
+
+    skips, calls, actions = run(skip=True)
+    _, all_calls, all_actions = run(skip=False)
+    assert len(calls) == len(all_calls) == 4 and all(shape == (1, 32, 32, 3) for shape in calls)   # steps 0, 3, 6, 9
+    assert len(skips) == 7                # the frames of steps 1, 2, 4, 5, 7, 8 and 10 (after the last): nobody reads them
+    np.testing.assert_array_equal(actions, all_actions)

@@ -178,6 +178,7 @@ class VLARunner(Runner):
             if actor.observe(obs[STATE_KEY][0]):
                 actor.push(chunk_fn(obs)[0])
             return actor.next_action()[None]
+        act.wants_chunk_next = actor.wants_chunk_next   # record_video skips the frames it will not read
         return act
 
     def _evaluate_tasks(self, variation: str, prefix: str) -> dict:
