@@ -274,7 +274,10 @@ class Runner:
             self.save_pretrained()
         if not self.switched:
             self._switch()
-        self._run_online()
+        # offline only: this run's end-of-offline eval is its final one (not run twice; a run that only loaded
+        # a pretraining has none, and gets its one eval at online step 0)
+        if self.cfg.online_steps > 0 or not self.eval_history:
+            self._run_online()
         return self._finish()
 
     def _run_offline(self) -> None:
@@ -495,7 +498,7 @@ class Runner:
             "offline_steps": self.offline_step, "online_steps": cfg.online_steps, "pretrained": cfg.pretrained,
             "offline_score": (self.end_of_offline or {}).get("eval/score"),
             "online_score": final["eval/score"], "final_score": final["eval/score"],
-            "best_score": max(r["eval/score"] for r in online),
+            "best_score": max(r["eval/score"] for r in online or self.eval_history),
             "dip": dip(0), "dip_after_learning_starts": dip(self.learning_start()),
             "episodes": cfg.eval_episodes, "score_kind": "d4rl_normalized" if self.spec.ref_min_score is not None else "return",
             "approximate_normalization": self.spec.approximate_normalization,

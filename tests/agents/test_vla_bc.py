@@ -77,6 +77,7 @@ def test_vla_bc_pretrains_on_two_tasks_and_saves_a_deployable_policy(head, tmp_p
     evals = [line for line in lines if line["kind"] == "eval"]
     periodic = [e for e in evals if "eval/success" in e]
     assert [e["step"] for e in periodic if e["phase"] == "offline"] == [0, 6]
+    assert not [e for e in periodic if e["phase"] == "online"]   # offline only: step 6's eval is not run twice
     assert {"eval/task1/success", "eval/task2/success", "eval/success"} <= set(periodic[-1])
     # the final eval's extra set: the same tasks and start seeds under changed lighting
     assert set(summary["variation_success"]) == {"none", "lighting"}
