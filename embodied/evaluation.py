@@ -85,6 +85,20 @@ class ChunkActor:
         return self.next_action()
 
 
+def dict_step_policy(chunk_fn, execute_horizon: int):
+    """A per-step policy over observation dicts (one env, a batch of one): each chunk runs open-loop.
+    `chunk_fn(obs)` gets the dict only when a chunk is due; `wants_chunk_next()` tells `record_video`
+    which frames the policy will read."""
+    actor = ChunkActor(None, 1, execute_horizon)
+
+    def act(obs: dict) -> np.ndarray:
+        if actor.observe(obs[STATE_KEY][0]):
+            actor.push(chunk_fn(obs)[0])
+        return actor.next_action()[None]
+    act.wants_chunk_next = actor.wants_chunk_next
+    return act
+
+
 def stack_observations(observations: list[dict]) -> dict:
     """Observation dicts -> one batch: arrays stacked on a new first axis, strings (instructions) as a list."""
     return {key: [o[key] for o in observations] if isinstance(value, str) else np.stack([o[key] for o in observations])

@@ -61,29 +61,28 @@ def test_a_vla_evaluation_renders_only_the_frames_its_policy_reads(monkeypatch):
 
 
 def test_a_vla_video_renders_only_the_frames_its_policy_reads(monkeypatch, tmp_path):
-    """record_video skips mid-chunk camera frames for a policy that says when it wants its next chunk (as
-    `VLARunner._task_policy` does); the policy still gets frames at every chunk, and acts as with all frames."""
+    """record_video skips mid-chunk camera frames for a policy that says when it wants its next chunk
+    (`dict_step_policy`, VLARunner's video policy); it still gets frames at every chunk, and acts as with all."""
     import numpy as np
 
     import sims
     from embodied.constants import STATE_KEY, image_key
-    from embodied.evaluation import ChunkActor
-
     real_skip = sims.skip_next_frames
 
     def run(skip: bool):
         skips, calls, actions = [], [], []
         monkeypatch.setattr(sims, "skip_next_frames", lambda env: (skips.append(1), skip and real_skip(env)))
-        actor = ChunkActor(None, 1, 3)
+
+        def chunk_fn(obs):
+            calls.append(obs[image_key("front")].shape)   # a skipped frame here would raise KeyError
+            rng = np.random.default_rng(int(1000 * abs(obs[STATE_KEY][0, 0])) % 2**32)
+            return rng.uniform(-1, 1, (1, 3, 5)).astype(np.float32)
+        step_policy = evaluation.dict_step_policy(chunk_fn, execute_horizon=3)   # what VLARunner._task_policy is
 
         def policy(obs):
-            if actor.observe(obs[STATE_KEY][0]):
-                calls.append(obs[image_key("front")].shape)   # a skipped frame here would raise KeyError
-                rng = np.random.default_rng(int(1000 * abs(obs[STATE_KEY][0, 0])) % 2**32)
-                actor.push(rng.uniform(-1, 1, (3, 5)).astype(np.float32))
-            actions.append(actor.next_action())
+            actions.append(step_policy(obs)[0])
             return actions[-1][None]
-        policy.wants_chunk_next = actor.wants_chunk_next
+        policy.wants_chunk_next = step_policy.wants_chunk_next
         path = evaluation.record_video("cube-single", policy, tmp_path / f"skip{skip}.mp4", episodes=1, seed=3,
                                        size=32, max_steps=10, full_obs=True,
                                        env_kwargs=dict(task_id=1, images=("front",), image_size=32))

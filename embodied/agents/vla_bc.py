@@ -28,7 +28,7 @@ from embodied.agents.base import Agent
 from embodied.agents.runner import CHUNK_EVAL_ENVS, Runner, eval_seed
 from embodied.constants import STATE_KEY, TASK_SEED_STRIDE
 from embodied.errors import ConfigError
-from embodied.evaluation import ChunkActor, evaluate, record_video
+from embodied.evaluation import dict_step_policy, evaluate, record_video
 from sims.manip_variations import check_variation
 
 
@@ -172,14 +172,7 @@ class VLARunner(Runner):
 
     def _task_policy(self, seed: int):
         """A per-step policy over observation dicts (one env): chunks executed open-loop, fresh noise."""
-        chunk_fn, actor = self._chunk_fn(seed), ChunkActor(None, 1, self.agent.execute_horizon)
-
-        def act(obs: dict) -> np.ndarray:
-            if actor.observe(obs[STATE_KEY][0]):
-                actor.push(chunk_fn(obs)[0])
-            return actor.next_action()[None]
-        act.wants_chunk_next = actor.wants_chunk_next   # record_video skips the frames it will not read
-        return act
+        return dict_step_policy(self._chunk_fn(seed), self.agent.execute_horizon)
 
     def _evaluate_tasks(self, variation: str, prefix: str) -> dict:
         cfg = self.cfg
