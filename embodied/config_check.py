@@ -155,6 +155,7 @@ RULES: dict[str, Rule] = {
     "budget.random_steps": Int(0, example="5000"),
     "eval.episodes": Int(1, example="10"),
     "eval.first_episode": Int(0, example="20"),
+    "eval.at_start": BOOL,
     "eval.every_offline": Int(1, example="2000"),
     "eval.every_online": Int(1, example="2000"),
     "eval.video_episodes": Int(0, example="2"),

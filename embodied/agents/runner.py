@@ -74,6 +74,7 @@ class RunnerConfig:
     reward_scale: float = 1.0                 # r' = reward_scale * r + reward_bias (embodied.data.rewards)
     reward_bias: float = 0.0
     sparse_failure_reward: float | None = None  # raw reward of a failed step on sparse tasks (Cal-QL MC returns)
+    eval_at_start: bool = True                # the step-0 eval of a run that pretrains (false: skip it)
     eval_every_offline: int = 2_000
     eval_every_online: int = 2_000
     eval_episodes: int = 10
@@ -282,7 +283,7 @@ class Runner:
 
     def _run_offline(self) -> None:
         cfg = self.cfg
-        if self.offline_step == 0:
+        if self.offline_step == 0 and cfg.eval_at_start:
             self.evaluate(0, 0)
         bar = tqdm(total=cfg.offline_steps, initial=self.offline_step, desc=f"offline {cfg.offline_algo}",
                    disable=not self.progress, dynamic_ncols=True)

@@ -114,6 +114,17 @@ def test_switch_diagnostics_are_logged(dataset, tmp_path):
     assert summary["calibration_gap_final"] == online_evals[-1]["switch/calibration_gap"]
 
 
+@pytest.mark.parametrize("at_start", [True, False])
+def test_the_step_zero_eval_can_be_skipped(dataset, tmp_path, at_start):
+    """eval.at_start=false: a from-scratch pretraining skips its step-0 eval (a VLA suite's costs 10-20 min)."""
+    runner = Runner(small(eval_at_start=at_start, online_steps=0), dataset, tmp_path, CountingLogger(),
+                    progress=False)
+    runner.run()
+    steps = [(r["phase"], r["step"]) for r in runner.eval_history]
+    assert (("offline", 0) in steps) is at_start
+    assert steps[-1] == ("offline", 20)
+
+
 def test_every_eval_uses_the_same_start_states(dataset, tmp_path):
     """Paired evals: the dip compares the same episodes, not new draws (before: seeds moved with the step)."""
     runner = Runner(small(), dataset, tmp_path, CountingLogger(), progress=False)
