@@ -237,6 +237,12 @@ class SimArm(Robot):
                 return
             time.sleep(0.002)
         last = self._latest or {}  # which state it stayed in says why (a collision stop racing the arm op, ...)
+        if last.get("mode") == "estop" and (last.get("t_hold_s") or 0.0) > self._t_armed_s:
+            # the arm ran for a tick or two, shorter than the state polling, and stopped again: an arm that
+            # rests in contact (released after its settle time) re-trips the collision check when it arms
+            reason = last.get("hold_reason")
+            advice = ": it rests in contact; move it clear before arming" if reason == "self-collision" else ""
+            raise RobotFault(f"sim arm entered run mode after arm, then stopped again at once ({reason!r}){advice}")
         raise RobotFault(f"sim arm did not enter run mode after arm (it stayed in {last.get('mode')!r}, "
                          f"hold reason {last.get('hold_reason')!r})")
 

@@ -149,3 +149,19 @@ def test_an_arm_op_the_server_never_applies_is_a_fault_that_names_the_state_it_s
         finally:
             os.kill(pid, signal.SIGCONT)
         assert robot.state is not State.ARMED
+
+
+def test_a_stop_that_races_the_arm_op_is_named_as_a_stop_after_arming():
+    """A stop the server applies in the same tick as the arm op (the fuzz's self-collision re-trips of an arm
+    resting in contact) never shows `run` to the client; the error says the arm ran and was stopped again."""
+    with robots.make("sim_ur5e") as robot:
+        send = robot._send
+
+        def arm_then_stop(msg):
+            send(msg)
+            if msg.get("op") == "arm":   # the same wire, the next message: the server reads both in one tick
+                send({"op": "estop"})
+        robot._send = arm_then_stop
+        with pytest.raises(RobotFault, match=r"entered run mode after arm, then stopped again at once \('client'\)"):
+            robot.arm()
+        assert robot.state is not State.ARMED
