@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -30,7 +31,12 @@ def test_update_speed_quick(tmp_path, run_benchmark):
 def test_bf16_check_quick(tmp_path, run_benchmark):
     run_benchmark("bf16_check.py", "--steps", "300", "--random-steps", "200", "--seeds", "1", "--batch-size", "32",
            "--eval-episodes", "1", "--threads", "1", "--out", str(tmp_path))
-    assert list(tmp_path.glob("bf16_check-*.json"))
+    (out,) = tmp_path.glob("bf16_check-*.json")
+    result = json.loads(out.read_text())
+    assert sorted(r["precision"] for r in result["runs"]) == ["bf16", "fp32"]
+    assert all(math.isfinite(r["eval_return"]) and r["episodes"] > 0 for r in result["runs"])
+    summary = result["summary"]
+    assert summary["paired_bf16_minus_fp32"] == pytest.approx(summary["bf16"]["mean"] - summary["fp32"]["mean"])
 
 
 def test_o2o_compare_quick_shares_one_pretraining(tmp_path, run_benchmark):

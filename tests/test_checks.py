@@ -105,8 +105,10 @@ def test_every_shipped_preset_passes_the_checks():
     from embodied.config_check import check_config
     from embodied.train import group_options
 
+    presets = group_options("algo")
+    assert len(presets) >= 10, presets   # an empty or broken glob would check nothing
     for experiment in ("smoke", "default"):
-        for preset in group_options("algo"):
+        for preset in presets:
             vla = preset in ("vla_bc", "vla_qc", "vla_ppo")
             suite = ["env=cube-single-suite", "dataset=task", "checkpoint.every=0"] if vla else []
             check_config(compose_train([f"algo={preset}", f"experiment={experiment}", *suite]))

@@ -119,7 +119,9 @@ def test_every_preset_builds_its_agents_under_the_shipped_experiments(experiment
     that only the Gaussian agents have, which broke `algo=qc`)."""
     from embodied.train import group_options
 
-    for preset in group_options("algo"):
+    presets, built = group_options("algo"), set()
+    assert len(presets) >= 10, presets   # an empty or broken glob would check nothing
+    for preset in presets:
         for policy in ("", "policy=flow", "policy=diffusion"):
             overrides = [f"algo={preset}", f"experiment={experiment}"] + ([policy] if policy else [])
             cfg = compose_train(overrides)
@@ -131,6 +133,8 @@ def test_every_preset_builds_its_agents_under_the_shipped_experiments(experiment
                 assert preset in ("dppo", "diwa") and policy == "policy=diffusion", (overrides, err)
                 continue
             rcfg.validate()
+            built.add(preset)
             for name, options in ((rcfg.offline_algo, rcfg.offline_agent), (rcfg.online_algo, rcfg.online_agent)):
                 if name not in (None, "same"):
                     agents.make_config(name, options)
+    assert built == set(presets)   # every preset built with at least its own policy

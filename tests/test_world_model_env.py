@@ -84,7 +84,7 @@ def test_gymnasium_has_no_vector_checker_so_the_tests_check_by_hand():
 def test_bad_knobs_raise():
     ds = linear_dataset(episodes=1)
     for kwargs in ({"horizon": 0}, {"num_envs": 0}, {"penalty": "nope"}, {"penalty_weight": -1.0}):
-        with pytest.raises(ConfigError):
+        with pytest.raises(ConfigError, match=f"^{next(iter(kwargs))}="):
             WorldModelEnv(HandEnsemble(0.0), ds, **{"num_envs": 2, **kwargs})
     with pytest.raises(ConfigError, match="obs_dim"):
         WorldModelEnv(StateEnsembleModel(OBS + 1, ACT, hidden=4, layers=1), ds, num_envs=2)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from embodied.errors import ConfigError
 from embodied.world_model_env import StateEnsembleModel, WorldModelEnv
 from embodied.world_model_fidelity import (Segments, classifier_accuracy, open_loop_error, pearson,
                                            penalty_rank_correlation, rank, real_segments, reward_accuracy,
@@ -188,7 +189,7 @@ def test_classifier_accuracy_on_hand_made_labels():
     never = classifier_accuracy(Probabilities(np.zeros(8)), np.zeros((8, 3)), y)
     assert never["accuracy"] == pytest.approx(5 / 8) and np.isnan(never["precision"]) and never["recall"] == 0
     assert never["balanced_accuracy"] == pytest.approx(0.5)  # what "always no" is worth
-    with pytest.raises(Exception):
+    with pytest.raises(ConfigError, match="8 states but 5 labels"):
         classifier_accuracy(Probabilities(p), np.zeros((8, 3)), y[:5])
 
 

@@ -129,12 +129,31 @@ def test_the_noise_bound_holds_then_decays_and_the_divergences_start_at_zero():
 
 
 def test_the_retention_term_trains_on_pretraining_batches():
-    agent = build(bc_coef=0.5)
+    """bc_coef > 0 draws a pretraining batch at every PPO minibatch and pulls the actor toward the demos:
+    after the same PPO updates, the pretraining loss on the demos is lower than without the term."""
     rng = np.random.default_rng(3)
     demos = {**observations(2), "actions": rng.uniform(-1, 1, (B, H, ACT)).astype(np.float32),
              "valid": np.ones((B, H), np.float32)}
-    metrics = agent.update(rollout(agent), bc_sampler=lambda n: demos)
-    assert metrics["train/bc_loss"] > 0
+    demo_loss = {}
+    for bc_coef in (1e-9, 50.0):   # the control draws the same batches and noise, and gives them no weight
+        agent = build(bc_coef=bc_coef, actor_lr=1e-3)
+        data, calls = rollout(agent), []
+
+        def sampler(n):
+            calls.append(n)
+            return demos
+        for _ in range(3):
+            torch.manual_seed(7)   # the same minibatch order and loss noise in both arms
+            metrics = agent.update(data, bc_sampler=sampler)
+        torch.manual_seed(11)
+        with torch.no_grad():
+            demo_loss[bc_coef] = float(agent.actor.loss(demos, demos["actions"], demos["valid"]))
+        assert calls == [agent.cfg.bc_batch_size] * int(3 * metrics["train/minibatches"])
+        assert metrics["train/bc_loss"] > 0
+    assert demo_loss[50.0] < demo_loss[1e-9] - 0.02
+    agent, calls = build(), []   # bc_coef 0 (the default): no pretraining batches are drawn
+    metrics = agent.update(rollout(agent), bc_sampler=lambda n: calls.append(n) or demos)
+    assert not calls and "train/bc_loss" not in metrics
 
 
 def test_vla_ppo_errors_name_the_field_and_the_fix():

@@ -32,6 +32,7 @@ def test_llm_plans_stay_inside_the_candidate_set_under_injection(smollm2, mode):
     planner = LLMPlanner(smollm2, lib, LLMPlannerConfig(mode=mode, max_steps=2))
     result = planner.plan("open the drawer", world)
     assert INJECTED_NAME in result.prompt  # the text did reach the model ...
+    assert result.subgoals, "no plan at all would pass the check below vacuously"
     assert all(g.key in keys for g in result.subgoals)  # ... but only candidates come out
     verdict = validate(world, result.subgoals, lib)
     assert verdict.ok or verdict.category == "invalid_precondition"  # never ungrounded

@@ -43,7 +43,9 @@ def test_gate_rejects_everything_outside_the_grounded_set(goal, why):
 
 def test_gate_accepts_a_candidate():
     world = scene_world()
-    require_grounded(SubGoal("press", ("button_0",)), world, manipulation_skills(world.controls))
+    lib = manipulation_skills(world.controls)
+    assert "press(button_0)" in {c.key for c in candidates(world, lib)}
+    require_grounded(SubGoal("press", ("button_0",)), world, lib)   # returns without raising
 
 
 def test_split_steps_reads_numbered_and_bulleted_lines_until_done():

@@ -20,7 +20,7 @@ def test_select_maximises_likelihood_times_value_by_hand():
     # the most likely text loses when its skill cannot run; a likelier feasible one wins
     assert saycan.select([-0.1, -2.0], [0.0, 1.0])[0] == 1
     assert saycan.select([-2.0, -1.0], [1.0, 0.2])[0] == 0  # 0.1353 * 1.0 > 0.3679 * 0.2 = 0.0736
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="affordance value must be >= 0"):
         saycan.select([-1.0], [-0.5])
 
 

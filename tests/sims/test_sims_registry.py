@@ -67,8 +67,9 @@ def test_unknown_name_lists_valid_names():
     message = str(err.value)
     assert "\n" not in message and "hoppper" in message
     assert all(name in message for name in ALL)
-    with pytest.raises(UserError):
+    with pytest.raises(UserError) as err:
         sims.spec("nope")
+    assert "nope" in str(err.value) and all(name in str(err.value) for name in ALL)
 
 
 def test_normalized_score_math():
