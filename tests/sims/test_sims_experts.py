@@ -71,3 +71,16 @@ def test_hopper_expert_levels_are_ordered():
     returns = {level: json.loads((Path(sims.__file__).parent / "experts" / "hopper" / level / "meta.json").read_text())
                ["eval_return"] for level in ("early", "medium", "expert")}
     assert returns["early"] < returns["medium"] < returns["expert"]
+
+
+@pytest.mark.slow
+def test_hopper_expert_snapshots_are_ordered_when_run():
+    """The snapshots themselves, one seeded episode each (not only their recorded returns)."""
+    env, measured = sims.make("hopper"), {}
+    for level in ("early", "medium", "expert"):
+        policy, (obs, _), total, done = sims.expert("hopper", level), env.reset(seed=0), 0.0, False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(policy(obs["observation.state"]))
+            total, done = total + reward, terminated or truncated
+        measured[level] = total
+    assert measured["early"] < measured["medium"] < measured["expert"], measured
