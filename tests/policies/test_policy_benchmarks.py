@@ -2,6 +2,7 @@
 (the real figures are in benchmarks/RESULTS.md)."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,10 @@ def test_qc_compare_quick(tmp_path, run_benchmark):
     run_benchmark("qc_compare.py", "--quick", "--env", "cube-single", "--algos", "qc_fql,fql", "--seeds", "1",
            "--out", str(tmp_path))
     report = (tmp_path / "REPORT.md").read_text()
-    assert "| qc_fql | cube-single |" in report and "| fql | cube-single |" in report
+    assert "| qc_fql | cube-single |" in report and "| fql | cube-single |" in report and "FAILED" not in report
+    summaries = {p.parts[-3]: json.loads(p.read_text()) for p in tmp_path.glob("*/*/summary.json")}
+    assert set(summaries) == {"qc_fql", "fql"}, sorted(tmp_path.rglob("summary.json"))
+    assert all(0.0 <= s["online_success"] <= 1.0 for s in summaries.values())
 
 
 def test_policy_latency_rejects_an_unknown_denoiser():

@@ -15,6 +15,9 @@ def test_control_loop_quick(tmp_path, run_benchmark):
 def test_policy_server_load_quick(tmp_path, run_benchmark):
     result = run_benchmark("policy_server_load.py", "--quick", "--out", str(tmp_path))
     assert "wrong token refused: True" in result.stdout and "alive after: True" in result.stdout
+    (row,) = [line for line in result.stdout.splitlines() if line.startswith("| infer")]
+    n, p50, p90, p99, worst = (float(cell) for cell in row.strip("|").split("|")[1:])
+    assert n > 0 and 0 < p50 <= p90 <= p99 <= worst, row   # a quick run writes no JSON (never overwrites results)
 
 
 def test_robot_safety_fuzz_quick(run_benchmark):
