@@ -43,7 +43,7 @@ class SimArm(Robot):
         self._proc: subprocess.Popen | None = None
         self._latest: dict | None = None
         self._seq = 0
-        self._ctrl_seq = 0   # recover messages sent: the server echoes the last one it applied
+        self._ctrl_seq = 0   # recover and arm messages sent: the server echoes the last of each it applied
         self._kin: ArmModel | None = None
         self._t_armed_s = float("inf")
         self.stale_after_s = float(config.sim.get("stale_after_ms", 500.0)) / 1e3
@@ -229,7 +229,8 @@ class SimArm(Robot):
         self._drain()
         if (self._latest or {}).get("mode") == "estop":
             raise RobotFault(f"sim arm is stopped ({self._latest.get('hold_reason')}); call recover() first")
-        self._send({"op": "arm"})
+        self._ctrl_seq += 1
+        self._send({"op": "arm", "ctrl_seq": self._ctrl_seq})
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline:  # the arm op travels with the injected latency
             self._drain()
@@ -237,9 +238,10 @@ class SimArm(Robot):
                 return
             time.sleep(0.002)
         last = self._latest or {}  # which state it stayed in says why (a collision stop racing the arm op, ...)
-        if last.get("mode") == "estop" and (last.get("t_hold_s") or 0.0) > self._t_armed_s:
-            # the arm ran for a tick or two, shorter than the state polling, and stopped again: an arm that
-            # rests in contact (released after its settle time) re-trips the collision check when it arms
+        if last.get("mode") == "estop" and last.get("last_arm_seq", -1) >= self._ctrl_seq:
+            # the server applied this arm op, ran for a tick or two (shorter than the state polling) and stopped
+            # again: an arm that rests in contact (released after its settle time) re-trips the collision check.
+            # The server echoes the op's sequence number: its stop times are tick times, which lag under load
             reason = last.get("hold_reason")
             advice = ": it rests in contact; move it clear before arming" if reason == "self-collision" else ""
             raise RobotFault(f"sim arm entered run mode after arm, then stopped again at once ({reason!r}){advice}")

@@ -137,7 +137,8 @@ class SimArmServer:
         self.outbox: list = []
         self.n = 0
         self.stats = {"cmds": 0, "cmds_dropped": 0, "states_dropped": 0, "cmds_ignored": 0, "overruns": 0,
-                      "last_cmd_seq": -1, "last_ctrl_seq": -1}  # last_ctrl_seq: the `ctrl_seq` of the last recover applied
+                      "last_cmd_seq": -1, "last_ctrl_seq": -1,   # last_ctrl_seq: the `ctrl_seq` of the last recover applied
+                      "last_arm_seq": -1}   # the `ctrl_seq` of the last arm op that put the arm in run
         self.lo, self.hi = np.asarray(config.joint_pos_min_rad), np.asarray(config.joint_pos_max_rad)
         self.vmax = np.asarray(config.joint_vel_max_rad_s)
         # the servo set-point is the reference plus its velocity lead (`servo_lead_s * target_vel`): the
@@ -485,6 +486,7 @@ class SimArmServer:
             self._stop(now, op, "client")
         elif op == "arm":
             if self.mode == "hold":  # still braking from a hold: keep braking, the client's chain knows
+                self.stats["last_arm_seq"] = int(msg.get("ctrl_seq", -1))
                 self.mode, self.braking, self.ramp_ticks, self.period_ticks = "run", True, 0, 0
                 self.pending.clear()
                 if not np.any(self.target_vel):
