@@ -45,7 +45,7 @@ class SimArm(Robot):
         self._seq = 0
         self._ctrl_seq = 0   # recover and arm messages sent: the server echoes the last of each it applied
         self._kin: ArmModel | None = None
-        self._t_armed_s = float("inf")
+        self._arm_seq = 0    # the `ctrl_seq` of the last arm op sent
         self.stale_after_s = float(config.sim.get("stale_after_ms", 500.0)) / 1e3
         if config.sim.get("scene") and config.mode is ControlMode.EE_DELTA:
             self.ik_joint_targets = None  # a Cartesian-controlled scene arm: its own controller takes deltas
@@ -141,10 +141,10 @@ class SimArm(Robot):
         if age > self.stale_after_s:
             raise RobotFault(f"sim arm state is {1e3 * age:.0f} ms old")
         if self.state.value == "armed" and msg.get("mode") == "estop" and msg.get("hold_reason") == "self-collision" \
-                and (msg.get("t_hold_s") or 0.0) > self._t_armed_s:
+                and self._applied_this_arm(msg):
             raise RobotFault("sim arm protective stop: self-collision")
         if (self.state.value == "armed" and msg.get("mode") == "hold" and msg.get("hold_reason") == "watchdog"
-                and (msg.get("t_hold_s") or 0.0) > self._t_armed_s):
+                and self._applied_this_arm(msg)):
             self._backend_held("arm watchdog: no command within the deadline", float(msg["t_hold_s"]),
                                msg.get("last_cmd_sent_s"))
         q = np.asarray(msg["joint_pos_rad"], np.float32)
@@ -224,13 +224,18 @@ class SimArm(Robot):
             time.sleep(0.002)
         raise RobotFault("sim arm did not leave its stop after recover")
 
+    def _applied_this_arm(self, msg: dict) -> bool:
+        """The server put the arm in run on the last arm op sent, so a stop it reports now came after it. The
+        server echoes the op's sequence number; its stop times are tick times, which lag the client under load."""
+        return msg.get("last_arm_seq", -1) >= self._arm_seq
+
     def _arm(self) -> None:
-        self._t_armed_s = time.monotonic()
         self._drain()
         if (self._latest or {}).get("mode") == "estop":
             raise RobotFault(f"sim arm is stopped ({self._latest.get('hold_reason')}); call recover() first")
         self._ctrl_seq += 1
-        self._send({"op": "arm", "ctrl_seq": self._ctrl_seq})
+        self._arm_seq = self._ctrl_seq
+        self._send({"op": "arm", "ctrl_seq": self._arm_seq})
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline:  # the arm op travels with the injected latency
             self._drain()
@@ -238,10 +243,9 @@ class SimArm(Robot):
                 return
             time.sleep(0.002)
         last = self._latest or {}  # which state it stayed in says why (a collision stop racing the arm op, ...)
-        if last.get("mode") == "estop" and last.get("last_arm_seq", -1) >= self._ctrl_seq:
-            # the server applied this arm op, ran for a tick or two (shorter than the state polling) and stopped
-            # again: an arm that rests in contact (released after its settle time) re-trips the collision check.
-            # The server echoes the op's sequence number: its stop times are tick times, which lag under load
+        if last.get("mode") == "estop" and self._applied_this_arm(last):
+            # it ran for a tick or two (shorter than the state polling) and stopped again: an arm that rests
+            # in contact (released after its settle time) re-trips the collision check
             reason = last.get("hold_reason")
             advice = ": it rests in contact; move it clear before arming" if reason == "self-collision" else ""
             raise RobotFault(f"sim arm entered run mode after arm, then stopped again at once ({reason!r}){advice}")
