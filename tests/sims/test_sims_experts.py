@@ -37,6 +37,15 @@ def test_locomotion_expert_loads_a_saved_policy(monkeypatch, tmp_path):
     assert (action == act(state)).all()  # deterministic actor
 
 
+def episode_return(env, policy, seed: int) -> float:
+    obs, _ = env.reset(seed=seed)
+    total, done = 0.0, False
+    while not done:
+        obs, reward, terminated, truncated, _ = env.step(policy(obs["observation.state"]))
+        total, done = total + reward, terminated or truncated
+    return total
+
+
 COMMITTED = sorted(p.parent.parent.name + "/" + p.parent.name
                    for p in (Path(sims.__file__).parent / "experts").glob("*/*/meta.json"))
 
@@ -52,15 +61,7 @@ def test_committed_expert_checkpoints_reproduce_their_recorded_return(env_level)
     meta = json.loads((Path(sims.__file__).parent / "experts" / env_name / level / "meta.json").read_text())
     policy = sims.expert(env_name, level)
     env = sims.make(env_name)
-    returns = []
-    for seed in range(3):
-        obs, _ = env.reset(seed=seed)
-        total, done = 0.0, False
-        while not done:
-            obs, reward, terminated, truncated, _ = env.step(policy(obs["observation.state"]))
-            total += reward
-            done = terminated or truncated
-        returns.append(total)
+    returns = [episode_return(env, policy, seed) for seed in range(3)]
     mean, recorded = float(np.mean(returns)), meta["eval_return"]
     assert abs(mean - recorded) <= 0.6 * abs(recorded) + 100, (env_level, returns, recorded)
 
@@ -76,11 +77,7 @@ def test_hopper_expert_levels_are_ordered():
 @pytest.mark.slow
 def test_hopper_expert_snapshots_are_ordered_when_run():
     """The snapshots themselves, one seeded episode each (not only their recorded returns)."""
-    env, measured = sims.make("hopper"), {}
-    for level in ("early", "medium", "expert"):
-        policy, (obs, _), total, done = sims.expert("hopper", level), env.reset(seed=0), 0.0, False
-        while not done:
-            obs, reward, terminated, truncated, _ = env.step(policy(obs["observation.state"]))
-            total, done = total + reward, terminated or truncated
-        measured[level] = total
+    env = sims.make("hopper")
+    measured = {level: episode_return(env, sims.expert("hopper", level), seed=0)
+                for level in ("early", "medium", "expert")}
     assert measured["early"] < measured["medium"] < measured["expert"], measured
