@@ -4,7 +4,8 @@
 
 Writes `sims/experts/<env>/{early,medium,expert}/` (policy weights + meta.json with the evaluation
 return and the command). D4RL's "medium" policy scored about a third of its expert; we keep the
-snapshot whose return is closest to 35% of the best, and one near 10% as "early".
+snapshot whose normalised score (raw return where the task has no references) is closest to 35% of the
+best one's, and one near 10% as "early". Normalised, so that tasks with negative returns (reacher) work.
 """
 from __future__ import annotations
 
@@ -41,6 +42,17 @@ def evaluate(env, policy, episodes: int, seed: int) -> float:
             done = terminated or truncated
         returns.append(total)
     return float(np.mean(returns))
+
+
+def pick_levels(snapshots: list[tuple], env: str) -> dict[str, tuple]:
+    """{"expert": the best snapshot, level: the snapshot whose normalised score is nearest that fraction of
+    the best one's}. Snapshots are (step, eval return, ...); raw returns where the task has no references."""
+    level_of = (lambda ret: sims.normalized_score(env, ret)) if sims.spec(env).ref_min_score is not None else float
+    best = max(snapshots, key=lambda s: s[1])
+    chosen = {"expert": best}
+    for level, fraction in LEVEL_FRACTIONS.items():
+        chosen[level] = min(snapshots, key=lambda s: abs(level_of(s[1]) - fraction * level_of(best[1])))
+    return chosen
 
 
 @exit_on_user_error
@@ -83,10 +95,7 @@ def main(argv: list[str] | None = None) -> None:
             bar.set_postfix(eval_return=f"{score:.0f}")
             print(f"step {step + 1}: eval return {score:.1f}", flush=True)
 
-    best_step, best_score, best_path = max(snapshots, key=lambda s: s[1])
-    chosen = {"expert": (best_step, best_score, best_path)}
-    for level, fraction in LEVEL_FRACTIONS.items():
-        chosen[level] = min(snapshots, key=lambda s: abs(s[1] - fraction * best_score))
+    chosen = pick_levels(snapshots, cfg.env)
     command = "python -m embodied.train_expert " + " ".join(f"{k}={v}" for k, v in cfg.items() if k != "out")
     for level, (step, score, path) in chosen.items():
         target = out / level

@@ -4,6 +4,8 @@ D4RL normalised against the v2 envs; v5 physics differ, so every score here is a
 """
 from __future__ import annotations
 
+import os
+
 import gymnasium
 
 from sims.registry import TaskSpec, register_task
@@ -43,3 +45,21 @@ for _name, (_gym_id, _obs_dim, _act_dim, _ref_min, _ref_max) in _LOCOMOTION.item
             sparse=False,
         )
     )(build_locomotion)
+
+# Gymnasium's classic-control Pendulum-v1 swing-up (not MuJoCo): 200-step episodes that only time out, a dense
+# cost on the angle, speed and torque, and a random start angle and speed per episode, so a 20-episode score moves
+# smoothly with the policy. Random: the mean return of uniform actions over 100 seeded episodes (-1197.2); max: 0,
+# a pendulum held upright from the first step (unreachable from a hanging start, as InvertedPendulum's 1,000 is a
+# bound, not an expert). Not in D4RL. The default main job's task.
+@register_task(TaskSpec(name="pendulum", gym_id="Pendulum-v1", obs_dim=3, act_dim=1, max_episode_steps=200,
+                        ref_min_score=-1197.2, ref_max_score=0.0, approximate_normalization=False,
+                        has_success=False, sparse=False))
+def build_pendulum(spec: TaskSpec, *, render_mode, render_size, **kwargs) -> gymnasium.Env:
+    kwargs.setdefault("max_episode_steps", spec.max_episode_steps)
+    if render_mode is not None:  # pygame draws off-screen; without these SDL looks for a display and complains
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    env = gymnasium.make(spec.gym_id, render_mode=render_mode, **kwargs)
+    env.unwrapped.screen_dim = render_size  # the frame size render() draws at (500 by default)
+    return env
+

@@ -54,7 +54,9 @@ def disable_costly_rendering(env: gymnasium.Env) -> None:
 
     Must run before the first `render()`: the shadow map size is read when the GL context is made.
     """
-    model = env.unwrapped.model
+    model = getattr(env.unwrapped, "model", None)
+    if model is None:  # not a MuJoCo env (classic control draws with pygame)
+        return
     model.vis.quality.shadowsize = 0  # no shadow map -> no shadow pass
     model.mat_reflectance[:] = 0.0  # no reflective materials -> no mirrored pass
 

@@ -136,6 +136,25 @@ def test_the_main_job_runs_from_the_command_line_at_a_tiny_budget(tmp_path, monk
 
 
 @pytest.mark.slow
+def test_the_main_job_runs_on_pendulum_from_its_committed_experts(tmp_path, monkeypatch):
+    """`env=pendulum`, the smooth-scored task measured against the main job's (benchmarks/RESULTS.md): its
+    medium-replay data comes from the committed pendulum snapshots, and the run writes an eval video."""
+    monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    run_dir = tmp_path / "run"
+    result = cli("env=pendulum", "dataset.size=1000", "budget.offline_steps=20", "budget.online_steps=200",
+                 "budget.warmup_steps=50", "eval.episodes=2", "eval.every_offline=20", "eval.every_online=100",
+                 "eval.video_episodes=1", "checkpoint.every=0", "progress=false", "bf16=false",
+                 f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env"] == "pendulum" and summary["offline_algo"] == "cql" and summary["online_steps"] == 200
+    assert -50 < summary["final_score"] < 101  # normalised: 0 = uniform random actions, 100 = return 0
+    assert (tmp_path / "cache" / "datasets" / "pendulum-medium-replay-1000-s0.hdf5").is_file()
+    assert list((run_dir / "videos").glob("*.mp4")), "no eval video was written"
+
+
+@pytest.mark.slow
 def test_bad_override_lists_valid_choices(tmp_path):
     result = cli("algo=wsrll", cwd=tmp_path)
     assert result.returncode == 2

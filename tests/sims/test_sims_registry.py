@@ -9,7 +9,7 @@ from embodied.errors import UserError
 from sims import wrappers
 
 ALL = sims.names()
-LIGHT = {"hopper", "halfcheetah", "walker2d", "ant", "inverted-pendulum", "pointmaze-umaze", "pointmaze-medium", "pointmaze-large"}
+LIGHT = {"hopper", "halfcheetah", "walker2d", "ant", "inverted-pendulum", "pendulum", "pointmaze-umaze", "pointmaze-medium", "pointmaze-large"}
 # every task, the manipulation scenes (seconds each to build and check) in the slow tier
 ALL_BY_COST = [name if name in LIGHT else pytest.param(name, marks=pytest.mark.slow) for name in ALL]
 
@@ -125,3 +125,13 @@ def _wrapper_chain(env):
     while isinstance(env, gymnasium.Wrapper):
         yield env
         env = env.env
+
+
+def test_pendulum_renders_at_the_requested_size():
+    """Pendulum-v1 draws with pygame, off-screen, at its own 500 px unless told: the contract's render_size holds."""
+    env = sims.make("pendulum", seed=0, render=True, render_size=48)
+    env.reset(seed=0)
+    frame = env.render()
+    assert frame.shape == (48, 48, 3) and frame.dtype == np.uint8
+    assert frame.min() < 128 < frame.max()  # the rod is drawn on the white background
+    env.close()
