@@ -5,7 +5,7 @@
 Writes `sims/experts/<env>/{early,medium,expert}/` (policy weights + meta.json with the evaluation
 return and the command). D4RL's "medium" policy scored about a third of its expert; we keep the
 snapshot whose normalised score (raw return where the task has no references) is closest to 35% of the
-best one's, and one near 10% as "early". Normalised, so that tasks with negative returns (reacher) work.
+best one's, and one near 10% as "early". Normalised, so that tasks with negative returns (pendulum) work.
 """
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ for _name, (_gym_id, _obs_dim, _act_dim, _ref_min, _ref_max) in _LOCOMOTION.item
 # cost on the angle, speed and torque, and a random start angle and speed per episode, so a 20-episode score moves
 # smoothly with the policy. Random: the mean return of uniform actions over 100 seeded episodes (-1197.2); max: 0,
 # a pendulum held upright from the first step (unreachable from a hanging start, as InvertedPendulum's 1,000 is a
-# bound, not an expert). Not in D4RL. The default main job's task.
+# bound, not an expert). Not in D4RL. A smooth-scored check of the main job's switch (benchmarks/RESULTS.md).
 @register_task(TaskSpec(name="pendulum", gym_id="Pendulum-v1", obs_dim=3, act_dim=1, max_episode_steps=200,
                         ref_min_score=-1197.2, ref_max_score=0.0, approximate_normalization=False,
                         has_success=False, sparse=False))
