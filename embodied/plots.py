@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 from embodied.stats import bootstrap_means
 
 X_LABEL = "total steps (offline gradient steps, then online env steps)"
+ONLINE_X_LABEL = "online env steps (every method from its switch, or from scratch)"
 SWITCH_LABEL = "offline → online"
 PHASE_COLORS = {"offline": "tab:blue", "online": "tab:orange"}
 BAND_RESAMPLES = 2000  # per-point bands only need to look right, not be table-grade
@@ -41,6 +42,13 @@ def find_switch_step(metrics: Sequence[dict]) -> float | None:
     offline = [_x(line) for line in metrics if line.get("phase") == "offline"]
     has_online = any(line.get("phase") == "online" for line in metrics)
     return max(offline) if offline and has_online else None
+
+
+def online_view(metrics: Sequence[dict]) -> list[dict]:
+    """The online phase alone, its x the online env step: methods with and without a pretraining then start
+    together at 0 (on the total-step axis a from-scratch run sits under the others' offline phase)."""
+    return [{**line, "total_step": line["step"]} for line in metrics
+            if line.get("phase") == "online" and isinstance(line.get("step"), (int, float))]
 
 
 def _curve(metrics: Sequence[dict], key: str) -> tuple[np.ndarray, np.ndarray]:

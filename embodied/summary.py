@@ -399,22 +399,26 @@ def write_plots(rows: Sequence[dict], out_dir: Path, metric: str) -> list[Path]:
 
 
 def sweep_curves(curves: dict, switches: dict, path: Path) -> Path:
-    """One panel per task ({task: {method: runs}}), mean ± 95% CI per method, every method's switch marked."""
+    """Two panels per task ({task: {method: runs}}), mean ± 95% CI per method: the whole run on total steps with
+    every method's switch marked, and the online phase alone, where every method starts at online step 0."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     from embodied import plots
 
     tasks = sorted(curves)
-    columns = min(3, max(1, len(tasks)))
-    rows = -(-len(tasks) // columns)
-    fig = Figure(figsize=(6.5 * columns, 4.2 * rows), layout="constrained")
+    fig = Figure(figsize=(13.0, 4.2 * len(tasks)), layout="constrained")
     FigureCanvasAgg(fig)
     colors = plots.method_colors(sorted({method for by_method in curves.values() for method in by_method}))
     for index, task in enumerate(tasks):
-        ax = fig.add_subplot(rows, columns, index + 1)
+        ax = fig.add_subplot(len(tasks), 2, 2 * index + 1)
         draw_task_curves(ax, curves[task], switches.get(task, {}), colors)
         ax.set_title(task)
+        online = {method: [plots.online_view(run) for run in runs] for method, runs in curves[task].items()}
+        ax = fig.add_subplot(len(tasks), 2, 2 * index + 2)
+        draw_task_curves(ax, online, {}, colors)
+        ax.set_xlabel(plots.ONLINE_X_LABEL)
+        ax.set_title(f"{task}: online phase")
     fig.savefig(path, dpi=120)
     return path
 

@@ -235,3 +235,23 @@ def test_a_run_without_pretraining_has_no_switch(tmp_path):
     path = root / "0" / "summary.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "offline_algo": None}))
     assert summarize(root)[0]["switch_steps"] == []
+
+
+def test_the_online_panel_starts_every_method_at_online_step_zero(tmp_path):
+    """A from-scratch run and a pretrained one share x = 0 in the online panel; on total steps they do not."""
+    from embodied.summary import sweep_curves
+
+    pretrained = write_run(tmp_path / "0", "hopper", 0, 80.0, preset="wsrl", algo="cql")
+    scratch = [{**line, "total_step": line["step"]} for line in write_run(tmp_path / "1", "hopper", 0, 60.0)
+               if line["phase"] == "online"]
+    online = plots.online_view(pretrained)
+    assert [line["total_step"] for line in online if line["kind"] == "eval"][:2] == [100, 200]
+    assert all(line["phase"] == "online" for line in online)
+    xs_pretrained, *_ = plots.mean_band([online])
+    xs_scratch, *_ = plots.mean_band([plots.online_view(scratch)])
+    assert xs_pretrained[0] == xs_scratch[0] == 100 and xs_pretrained[-1] == xs_scratch[-1] == ONLINE_STEPS
+    assert plots.mean_band([pretrained])[0][-1] == OFFLINE_STEPS + ONLINE_STEPS  # the total-step panel is unchanged
+
+    path = sweep_curves({"hopper": {"wsrl": [pretrained], "scratch": [scratch]}},
+                        {"hopper": {"wsrl": [OFFLINE_STEPS]}}, tmp_path / "curves.png")
+    assert path.stat().st_size > 0
