@@ -194,6 +194,7 @@ RULES: dict[str, Rule] = {
     "algo.switch_temperature_steps": Int(0, example="1000"),
     "algo.switch_temperature_lr_scale": Float(0, low_open=True, example="10"),
     "algo.actor_delay_steps": Int(0, example="0"),
+    "algo.online_cql_alpha": Float(0, optional=True, example="1.0"),
     "algo.num_critics": Int(1, example="2"),
     "algo.num_min": Int(1, example="2"),
     "algo.critic_layernorm": BOOL,

@@ -16,6 +16,7 @@ from the pretrained actor's on online states.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -67,6 +68,8 @@ class RunnerConfig:
     switch_temperature_steps: int = 1000      # fast: steps at the raised lr; refit: actor+temperature steps
     switch_temperature_lr_scale: float = 10.0  # fast: temperature lr multiplier for the first steps
     actor_delay_steps: int = 0                # env steps after learning starts with critic updates only (0: WSRL)
+    online_cql_alpha: float | None = None     # same, on a CQL-family agent: the penalty weight after the switch
+                                              # (the official code's online_cql_alpha); None keeps cql_alpha
     world_model: dict = field(default_factory=dict)  # DPPO only: roll out online in a learned model (DiWA-style),
                                               # embodied.world_model_env.ImaginationConfig; {}: the real env
     pretrained: str | None = None             # start online from this run's saved pretraining (skip offline)
@@ -99,6 +102,13 @@ class RunnerConfig:
                               f"{', '.join(SWITCH_TEMPERATURE)}")
         if self.switch_temperature_value <= 0:
             raise ConfigError(f"algo.switch_temperature_value={self.switch_temperature_value} must be > 0")
+        if self.online_cql_alpha is not None and (self.online_algo != "same" or self.online_cql_alpha < 0):
+            raise ConfigError(f"algo.online_cql_alpha={self.online_cql_alpha} applies to online_algo=same (kept CQL "
+                              f"loss) and must be >= 0; online_algo={self.online_algo}: drop it or use algo=calql")
+        if self.online_cql_alpha is not None and self.offline_agent.get("lagrange"):
+            raise ConfigError(f"algo.online_cql_alpha={self.online_cql_alpha} with a Lagrange-tuned penalty "
+                              "(lagrange=true): the weight is learned; set algo.offline_agent.lagrange=false or drop "
+                              "algo.online_cql_alpha")
         if self.pretrained and self.offline_algo is None:
             raise ConfigError(f"pretrained={self.pretrained} but algo has no offline_algo to restore; "
                               "drop pretrained= or pick a preset that pretrains")
@@ -124,7 +134,8 @@ SWITCH_TEMPERATURE = ("keep", "reset", "fast", "refit")
 # budget, eval, env, checkpoint and run-level keys. A knob a preset leaves out keeps the default above.
 SWITCH_KNOBS = ("offline_algo", "online_algo", "utd", "critic_only_utd", "offline_ratio", "warmup_steps",
                 "random_steps", "reinit_critic", "reset_optimizers", "switch_temperature", "switch_temperature_value",
-                "switch_temperature_steps", "switch_temperature_lr_scale", "actor_delay_steps", "world_model")
+                "switch_temperature_steps", "switch_temperature_lr_scale", "actor_delay_steps", "online_cql_alpha",
+                "world_model")
 CHUNK_EVAL_ENVS = 5  # chunk agents run on manipulation tasks, whose envs hold ~100 MB each: evaluate in waves
 
 
@@ -314,6 +325,8 @@ class Runner:
         """The agent of the online phase: the offline one (`same`), SAC on its networks, or a fresh one."""
         cfg = self.cfg
         if cfg.online_algo == "same":
+            if cfg.online_cql_alpha is not None:
+                self._set_online_cql_alpha(self.offline_agent, cfg.online_cql_alpha)
             return self.offline_agent
         if self.offline_agent is not None:  # the loss swap; agents.check_switch allowed this pair
             return SAC.from_agent(self.offline_agent, agents.make_config(cfg.online_algo, cfg.online_agent),
@@ -322,6 +335,17 @@ class Runner:
                             cfg.seed)
         self._fit_normalization(agent)
         return agent
+
+    @staticmethod
+    def _set_online_cql_alpha(agent, weight: float) -> None:
+        """Cal-QL/CQL fine-tuning with its own penalty weight, as the official code's online_cql_alpha."""
+        if not hasattr(agent.cfg, "cql_alpha"):
+            raise ConfigError(f"algo.online_cql_alpha={weight} needs a CQL-family offline agent; "
+                              f"{type(agent).__name__} has no penalty: drop algo.online_cql_alpha")
+        if agent.cfg.lagrange:
+            raise ConfigError(f"algo.online_cql_alpha={weight} with a Lagrange-tuned penalty (lagrange=true): the weight "
+                              "is learned; set algo.offline_agent.lagrange=false or drop algo.online_cql_alpha")
+        agent.cfg = dataclasses.replace(agent.cfg, cql_alpha=float(weight))
 
     def _switch(self) -> None:
         self._freeze_pretrained()

@@ -238,3 +238,24 @@ def test_the_runner_takes_its_envs_from_the_caller(tmp_path):
     assert made == [7], made  # one online env, seeded seed + 7
     with pytest.raises(ConfigError, match="envs of hopper for env=pointmaze-umaze"):
         Runner(cfg, None, tmp_path, Quiet(), progress=False, envs=EnvSource("hopper"))
+
+
+def test_online_cql_alpha_sets_the_kept_penalty_after_the_switch_only(dataset, tmp_path):
+    """Cal-QL fine-tuning with the official online_cql_alpha: the pretraining trains at cql_alpha, the switch
+    changes the weight on the same agent, and a knob that cannot apply is an error before any work."""
+    logger = CountingLogger()
+    runner = Runner(small(online_algo="same", online_cql_alpha=0.5, log_every=10,
+                          offline_agent={"hidden": (32, 32), "cql_alpha": 5.0}, online_agent={}),
+                    dataset, tmp_path, logger, progress=False)
+    runner._run_offline()
+    assert {m["train/cql_alpha"] for phase, kind, _, m in logger.records if kind == "train"} == {5.0}
+    runner._switch()
+    assert runner.agent is runner.offline_agent and runner.agent.cfg.cql_alpha == 0.5
+    batch = runner._batch(runner.offline_buffer, 32)
+    metrics = runner.agent.update(batch)
+    assert metrics["cql_alpha"] == 0.5  # the loss reads the new weight
+    with pytest.raises(ConfigError, match="online_cql_alpha"):
+        Runner(small(online_cql_alpha=0.5), dataset, tmp_path / "sac", CountingLogger())  # online_algo=sac
+    with pytest.raises(ConfigError, match="Lagrange"):
+        Runner(small(online_algo="same", online_cql_alpha=0.5, online_agent={},
+                     offline_agent={"hidden": (32, 32), "lagrange": True}), dataset, tmp_path / "lg", CountingLogger())
