@@ -106,9 +106,7 @@ class RunnerConfig:
             raise ConfigError(f"algo.online_cql_alpha={self.online_cql_alpha} applies to online_algo=same (kept CQL "
                               f"loss) and must be >= 0; online_algo={self.online_algo}: drop it or use algo=calql")
         if self.online_cql_alpha is not None and self.offline_agent.get("lagrange"):
-            raise ConfigError(f"algo.online_cql_alpha={self.online_cql_alpha} with a Lagrange-tuned penalty "
-                              "(lagrange=true): the weight is learned; set algo.offline_agent.lagrange=false or drop "
-                              "algo.online_cql_alpha")
+            raise lagrange_conflict(self.online_cql_alpha)
         if self.pretrained and self.offline_algo is None:
             raise ConfigError(f"pretrained={self.pretrained} but algo has no offline_algo to restore; "
                               "drop pretrained= or pick a preset that pretrains")
@@ -130,6 +128,11 @@ class RunnerConfig:
 
 
 SWITCH_TEMPERATURE = ("keep", "reset", "fast", "refit")
+
+
+def lagrange_conflict(weight: float) -> ConfigError:
+    return ConfigError(f"algo.online_cql_alpha={weight} with a Lagrange-tuned penalty (lagrange=true): the weight is "
+                       "learned; set algo.offline_agent.lagrange=false or drop algo.online_cql_alpha")
 # The RunnerConfig fields an algo preset sets (conf/algo/*.yaml, as algo.<name>); the others come from the
 # budget, eval, env, checkpoint and run-level keys. A knob a preset leaves out keeps the default above.
 SWITCH_KNOBS = ("offline_algo", "online_algo", "utd", "critic_only_utd", "offline_ratio", "warmup_steps",
@@ -342,9 +345,8 @@ class Runner:
         if not hasattr(agent.cfg, "cql_alpha"):
             raise ConfigError(f"algo.online_cql_alpha={weight} needs a CQL-family offline agent; "
                               f"{type(agent).__name__} has no penalty: drop algo.online_cql_alpha")
-        if agent.cfg.lagrange:
-            raise ConfigError(f"algo.online_cql_alpha={weight} with a Lagrange-tuned penalty (lagrange=true): the weight "
-                              "is learned; set algo.offline_agent.lagrange=false or drop algo.online_cql_alpha")
+        if agent.cfg.lagrange:  # set by a registry preset rather than algo.offline_agent
+            raise lagrange_conflict(weight)
         agent.cfg = dataclasses.replace(agent.cfg, cql_alpha=float(weight))
 
     def _switch(self) -> None:
