@@ -102,11 +102,8 @@ class RunnerConfig:
                               f"{', '.join(SWITCH_TEMPERATURE)}")
         if self.switch_temperature_value <= 0:
             raise ConfigError(f"algo.switch_temperature_value={self.switch_temperature_value} must be > 0")
-        if self.online_cql_alpha is not None and (self.online_algo != "same" or self.online_cql_alpha < 0):
-            raise ConfigError(f"algo.online_cql_alpha={self.online_cql_alpha} applies to online_algo=same (kept CQL "
-                              f"loss) and must be >= 0; online_algo={self.online_algo}: drop it or use algo=calql")
-        if self.online_cql_alpha is not None and self.offline_agent.get("lagrange"):
-            raise lagrange_conflict(self.online_cql_alpha)
+        if self.online_cql_alpha is not None:
+            self._check_online_cql_alpha()
         if self.pretrained and self.offline_algo is None:
             raise ConfigError(f"pretrained={self.pretrained} but algo has no offline_algo to restore; "
                               "drop pretrained= or pick a preset that pretrains")
@@ -123,16 +120,27 @@ class RunnerConfig:
 
             ImaginationConfig.from_dict(self.world_model)
 
+    def _check_online_cql_alpha(self) -> None:
+        """The knob needs the kept loss (`same`) of a CQL-family agent whose penalty weight is fixed; the offline
+        agent's resolved config (registry preset + overrides) decides, before any work."""
+        weight = self.online_cql_alpha
+        if self.online_algo != "same" or weight < 0:
+            raise ConfigError(f"algo.online_cql_alpha={weight} applies to online_algo=same (kept CQL loss) and must "
+                              f"be >= 0; online_algo={self.online_algo}: drop it or use algo=calql")
+        offline = agents.make_config(self.offline_algo, self.offline_agent)
+        if not hasattr(offline, "cql_alpha"):
+            raise ConfigError(f"algo.online_cql_alpha={weight} needs a CQL-family offline agent; "
+                              f"{self.offline_algo} has no penalty: drop algo.online_cql_alpha")
+        if offline.lagrange:
+            raise ConfigError(f"algo.online_cql_alpha={weight} with a Lagrange-tuned penalty (lagrange=true): the "
+                              "weight is learned; set algo.offline_agent.lagrange=false or drop algo.online_cql_alpha")
+
     def reward_transform(self) -> RewardTransform:
         return RewardTransform(self.reward_scale, self.reward_bias, self.sparse_failure_reward)
 
 
 SWITCH_TEMPERATURE = ("keep", "reset", "fast", "refit")
 
-
-def lagrange_conflict(weight: float) -> ConfigError:
-    return ConfigError(f"algo.online_cql_alpha={weight} with a Lagrange-tuned penalty (lagrange=true): the weight is "
-                       "learned; set algo.offline_agent.lagrange=false or drop algo.online_cql_alpha")
 # The RunnerConfig fields an algo preset sets (conf/algo/*.yaml, as algo.<name>); the others come from the
 # budget, eval, env, checkpoint and run-level keys. A knob a preset leaves out keeps the default above.
 SWITCH_KNOBS = ("offline_algo", "online_algo", "utd", "critic_only_utd", "offline_ratio", "warmup_steps",
@@ -328,8 +336,9 @@ class Runner:
         """The agent of the online phase: the offline one (`same`), SAC on its networks, or a fresh one."""
         cfg = self.cfg
         if cfg.online_algo == "same":
-            if cfg.online_cql_alpha is not None:
-                self._set_online_cql_alpha(self.offline_agent, cfg.online_cql_alpha)
+            if cfg.online_cql_alpha is not None:  # validate() checked the agent takes it
+                agent = self.offline_agent
+                agent.cfg = dataclasses.replace(agent.cfg, cql_alpha=float(cfg.online_cql_alpha))
             return self.offline_agent
         if self.offline_agent is not None:  # the loss swap; agents.check_switch allowed this pair
             return SAC.from_agent(self.offline_agent, agents.make_config(cfg.online_algo, cfg.online_agent),
@@ -338,16 +347,6 @@ class Runner:
                             cfg.seed)
         self._fit_normalization(agent)
         return agent
-
-    @staticmethod
-    def _set_online_cql_alpha(agent, weight: float) -> None:
-        """Cal-QL/CQL fine-tuning with its own penalty weight, as the official code's online_cql_alpha."""
-        if not hasattr(agent.cfg, "cql_alpha"):
-            raise ConfigError(f"algo.online_cql_alpha={weight} needs a CQL-family offline agent; "
-                              f"{type(agent).__name__} has no penalty: drop algo.online_cql_alpha")
-        if agent.cfg.lagrange:  # set by a registry preset rather than algo.offline_agent
-            raise lagrange_conflict(weight)
-        agent.cfg = dataclasses.replace(agent.cfg, cql_alpha=float(weight))
 
     def _switch(self) -> None:
         self._freeze_pretrained()

@@ -256,6 +256,9 @@ def test_online_cql_alpha_sets_the_kept_penalty_after_the_switch_only(dataset, t
     assert metrics["cql_alpha"] == 0.5  # the loss reads the new weight
     with pytest.raises(ConfigError, match="online_cql_alpha"):
         Runner(small(online_cql_alpha=0.5), dataset, tmp_path / "sac", CountingLogger())  # online_algo=sac
+    with pytest.raises(ConfigError, match="CQL-family"):
+        Runner(small(offline_algo="iql", online_algo="same", online_cql_alpha=0.5, offline_agent={}, online_agent={}),
+               dataset, tmp_path / "iql", CountingLogger())
     with pytest.raises(ConfigError, match="Lagrange"):
         Runner(small(online_algo="same", online_cql_alpha=0.5, online_agent={},
                      offline_agent={"hidden": (32, 32), "lagrange": True}), dataset, tmp_path / "lg", CountingLogger())
