@@ -213,3 +213,8 @@ def test_critic_probe_reads_an_online_runs_checkpoints_and_its_pretrained_critic
                                cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert not_a_run.returncode != 0 and not_a_run.stderr.strip().splitlines() == [
         f"critic_probe: {tmp_path} has no .hydra/config.yaml: pass the directory of a run written by embodied.train"]
+
+
+def test_expert_returns_rolls_out_a_committed_snapshot(run_benchmark):
+    out = run_benchmark("expert_returns.py", "--env", "inverted-pendulum", "--episodes", "2").stdout
+    assert out.count("episode ") == 2 and "inverted-pendulum expert: mean " in out
