@@ -218,3 +218,16 @@ def test_critic_probe_reads_an_online_runs_checkpoints_and_its_pretrained_critic
 def test_expert_returns_rolls_out_a_committed_snapshot(run_benchmark):
     out = run_benchmark("expert_returns.py", "--env", "inverted-pendulum", "--episodes", "2").stdout
     assert out.count("episode ") == 2 and "inverted-pendulum expert: mean " in out
+
+
+def test_o2o_curve_stats_reads_the_online_evals_of_each_run(tmp_path, run_benchmark):
+    run = tmp_path / "wsrl_s0"
+    run.mkdir()
+    evals = [(0, "offline", 20.0), (0, "online", 20.0), (100, "online", 10.0), (500, "online", 60.0),
+             (1000, "online", 100.0), (1500, "online", 80.0), (2000, "online", 100.0)]
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": step, "phase": phase, "kind": "eval", "eval/score": score,
+                    "total_step": step + (1000 if phase == "online" else 0)}) + "\n" for step, phase, score in evals))
+    out = run_benchmark("o2o_curve_stats.py", str(tmp_path)).stdout
+    # grid 0, 500, ..., 2000 (the step-100 eval is off it): area (20+60+100+80+100)/5; late: steps 1000-2000
+    assert out.strip() == "wsrl_s0: area 72.0, first at 100: 1000, late mean 93.3, final 100.0"
