@@ -16,6 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sims  # noqa: E402
+from embodied.errors import exit_on_user_error  # noqa: E402
 from sims.experts import LEVELS, expert  # noqa: E402
 
 
@@ -28,6 +29,7 @@ def rollout(env, act, seed: int) -> tuple[float, int]:
     return total, steps
 
 
+@exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="ant")
