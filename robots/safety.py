@@ -281,12 +281,18 @@ class WorkspaceFilter:
             _set_velocity(cmd, ctx, np.zeros_like(vel))
             return cmd, [SafetyEvent("workspace_wall", self.name, "outside the box: step away from it stopped")]
         # stopping paths are planned inside a box `workspace_plan_margin_m` smaller (and, where the arm
-        # already is in that margin, no deeper into it): a plan that touches its wall leaves that much
-        # room for what no model of the arm gets exactly (a late command's ageing, rounding), so such a
-        # deviation is absorbed by the margin instead of finding even braking outside the box
+        # already is in that margin, no deeper into it, axis by axis): a plan that touches its wall leaves
+        # that much room for what no model of the arm gets exactly (a late command's ageing, rounding), so
+        # such a deviation is absorbed by the margin instead of finding even braking outside the box. The
+        # allowance is per axis because one Euclidean depth let a step from a corner of the margin spend it
+        # all on one axis, past the box's wall (a final_check fault, issue 14)
         margin = np.minimum(ctx.config.workspace_plan_margin_m, 0.25 * (hi - lo))
         lo_in, hi_in = lo + margin, hi - margin
-        starts = [(start, _box_distance(p_start, lo_in, hi_in))]
+
+        def plan_box(p):  # the inner box, widened on each axis to where the arm already is
+            return np.minimum(lo_in, p), np.maximum(hi_in, p)
+
+        starts = [(start, plan_box(p_start))]
         if ctx.mode is ControlMode.JOINT_VELOCITY:
             # velocities carry no position, so nothing ties the reference to where the arm is: every late
             # command's ageing (`braking_stop_after`, which keeps the checked stop and so sits up to half
@@ -295,10 +301,10 @@ class WorkspaceFilter:
             # checked from the measured joints too.
             p_meas = ctx.fk(ctx.q_rad)
             if p_meas is not None:
-                starts.append((ctx.q_rad, _box_distance(p_meas, lo_in, hi_in)))
+                starts.append((ctx.q_rad, plan_box(p_meas)))
 
         def stops_inside(v: np.ndarray) -> bool:
-            return all(_brakes_inside(v, ctx, lo_in, hi_in, depth, q0) for q0, depth in starts)
+            return all(_brakes_inside(v, ctx, box_lo, box_hi, q0) for q0, (box_lo, box_hi) in starts)
 
         if stops_inside(vel):
             return cmd, []
@@ -331,15 +337,14 @@ class WorkspaceFilter:
         return cmd, [SafetyEvent("workspace_wall", self.name, f"braking cut to {good:.2f} of its step at the workspace box")]
 
 
-def _brakes_inside(vel: np.ndarray, ctx: Context, lo, hi, allow: float = 0.0, start=None) -> bool:
-    """Does the end effector stay in the box (or within `allow` of it) on this step and on the stop that
-    follows it, every joint braking by `amax * dt` per control step? From `start` (default: the
-    reference)."""
+def _brakes_inside(vel: np.ndarray, ctx: Context, lo, hi, start=None) -> bool:
+    """Does the end effector stay in the box on this step and on the stop that follows it, every joint
+    braking by `amax * dt` per control step? From `start` (default: the reference)."""
     start = ctx.ref_pos_rad if start is None else start
     pos, v, dv = start + vel * ctx.dt_s, np.asarray(vel, np.float64), ctx.amax * ctx.dt_s
     for _ in range(10_000):
         p = ctx.fk(pos)
-        if p is None or _box_distance(p, lo, hi) > allow:
+        if p is None or _box_distance(p, lo, hi) > 0.0:
             return p is None
         v = np.sign(v) * np.maximum(np.abs(v) - dv, 0.0)
         if not np.any(v):
