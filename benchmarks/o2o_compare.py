@@ -12,6 +12,11 @@ DESIGN.md §5 table and curves, which this script copies next to the summary it 
     python benchmarks/o2o_compare.py                              # every task, 3 seeds (hours on 2 cores)
     python benchmarks/o2o_compare.py --tasks pointmaze --seeds 3  # one task
     python benchmarks/o2o_compare.py --quick                      # seconds-long check of the plumbing
+
+A sweep too long for one sitting runs in pieces into one `--out` with `--resume`: a job whose run folder
+there finished with the same composed config is not rerun, and a naive or calql job whose wsrl pretraining
+finished in an earlier piece starts from it, so `--presets naive,calql --resume` adds methods to seeds
+whose wsrl runs are done.
 """
 from __future__ import annotations
 
@@ -47,7 +52,24 @@ def offline_algo(overrides: list[str]) -> str | None:
     return compose_train(overrides).algo.offline_algo
 
 
-def run_job(overrides: list[str], run_dir: Path) -> tuple[Path, int, float]:
+def finished_run(overrides: list[str], run_dir: Path) -> bool:
+    """Did a job with exactly this composed config already finish in `run_dir`?"""
+    import yaml
+    from omegaconf import OmegaConf
+
+    status, saved = run_dir / "status.json", run_dir / "config.yaml"
+    if not (status.exists() and saved.exists()) or json.loads(status.read_text()).get("status") != "done":
+        return False
+    from embodied.train import compose_train
+
+    return OmegaConf.to_container(compose_train(overrides), resolve=True) == yaml.safe_load(saved.read_text())
+
+
+def run_job(overrides: list[str], run_dir: Path, reuse: bool = False) -> tuple[Path, int, float]:
+    """`reuse`: `finished_run` said yes (asked from the main thread: Hydra's compose is not thread-safe)."""
+    if reuse:
+        print(f"  {run_dir.name}: finished earlier with this config, reused", flush=True)
+        return run_dir, 0, 0.0
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     with open(run_dir / "train.log", "w") as log:
@@ -67,6 +89,8 @@ def main() -> None:
     parser.add_argument("--summary", type=Path, default=REPO / "benchmarks" / "results" / "o2o",
                         help="where each task's summary (md, csv, curves) is copied")
     parser.add_argument("--quick", action="store_true", help="tiny budgets: checks the plumbing, not the methods")
+    parser.add_argument("--resume", action="store_true",
+                        help="reuse runs in --out that finished with the same config (sweeps in pieces)")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every job")
     args = parser.parse_args()
     tasks = [t for t in args.tasks.split(",") if t]
@@ -80,8 +104,10 @@ def main() -> None:
     with ThreadPoolExecutor(args.jobs) as pool:
         for task in tasks:
             # owners first (they pretrain), then the jobs that start from an owner's pretraining
-            owners = {(p, s): pool.submit(run_job, job_overrides(task, p, s, args.quick, args.overrides),
-                                          args.out / task / f"{p}_s{s}")
+            def submit(overrides: list[str], run_dir: Path):
+                return pool.submit(run_job, overrides, run_dir, args.resume and finished_run(overrides, run_dir))
+
+            owners = {(p, s): submit(job_overrides(task, p, s, args.quick, args.overrides), args.out / task / f"{p}_s{s}")
                       for s in seeds for p in presets if p not in SHARES_PRETRAINING}
             followers = []
             for s in seeds:
@@ -90,13 +116,16 @@ def main() -> None:
                         continue
                     overrides = job_overrides(task, p, s, args.quick, args.overrides)
                     owner = SHARES_PRETRAINING[p]
-                    shares = owner in presets and offline_algo(overrides) == offline_algo(
-                        job_overrides(task, owner, s, args.quick, args.overrides))
+                    owner_overrides = job_overrides(task, owner, s, args.quick, args.overrides)
+                    owner_dir = args.out / task / f"{owner}_s{s}"
+                    earlier = (owner not in presets and args.resume and finished_run(owner_overrides, owner_dir)
+                               and (owner_dir / "checkpoints" / "pretrained").is_dir())
+                    shares = (owner in presets or earlier) and offline_algo(overrides) == offline_algo(owner_overrides)
                     if shares:
-                        run_dir, code, _ = owners[(owner, s)].result()
+                        run_dir, code, _ = owners[(owner, s)].result() if owner in presets else (owner_dir, 0, 0.0)
                         if code == 0:
                             overrides = overrides + [f"pretrained={run_dir}"]
-                    followers.append(pool.submit(run_job, overrides, args.out / task / f"{p}_s{s}"))
+                    followers.append(submit(overrides, args.out / task / f"{p}_s{s}"))
             for future in [*owners.values(), *followers]:
                 run_dir, code, seconds = future.result()
                 print(f"[{task}] {run_dir.name}: {'ok' if code == 0 else f'FAILED (rc {code})'} in {seconds / 60:.1f} min",

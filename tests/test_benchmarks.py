@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +51,18 @@ def test_o2o_compare_quick_shares_one_pretraining(tmp_path, run_benchmark):
     assert naive["offline_score"] == wsrl["offline_score"]
     invocations = (tmp_path / "summary" / "pointmaze" / "invocations.jsonl").read_text().splitlines()
     assert [json.loads(line)["presets"] for line in invocations] == ["wsrl,naive,scratch"]
+    # in pieces: naive alone, with --resume, starts from the wsrl pretraining an earlier piece left
+    shutil.rmtree(tmp_path / "raw" / "pointmaze" / "naive_s0")
+    args = ["--quick", "--seeds", "1", "--tasks", "pointmaze", "--out", str(tmp_path / "raw"), "--summary",
+            str(tmp_path / "summary"), "--resume"]
+    run_benchmark("o2o_compare.py", *args, "--presets", "naive", timeout=600)
+    again = json.loads((tmp_path / "raw" / "pointmaze" / "naive_s0" / "summary.json").read_text())
+    assert again["pretrained"] == str(tmp_path / "raw" / "pointmaze" / "wsrl_s0")
+    # finished runs with the same config are not rerun; another config is
+    out = run_benchmark("o2o_compare.py", *args, "--presets", "wsrl,naive", timeout=600).stdout
+    assert "wsrl_s0: finished earlier with this config, reused" in out and "naive_s0: finished earlier" in out
+    out = run_benchmark("o2o_compare.py", *args, "--presets", "scratch", "eval.episodes=1", timeout=600).stdout
+    assert "reused" not in out
 
 
 def test_switch_ablation_quick(tmp_path, run_benchmark):
