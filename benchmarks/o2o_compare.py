@@ -57,11 +57,11 @@ def finished_run(overrides: list[str], run_dir: Path) -> bool:
     import yaml
     from omegaconf import OmegaConf
 
-    status, saved = run_dir / "status.json", run_dir / "config.yaml"
-    if not (status.exists() and saved.exists()) or json.loads(status.read_text()).get("status") != "done":
-        return False
-    from embodied.train import compose_train
+    from embodied.train import compose_train, run_finished
 
+    saved = run_dir / "config.yaml"
+    if not (run_finished(run_dir) and saved.exists()):
+        return False
     return OmegaConf.to_container(compose_train(overrides), resolve=True) == yaml.safe_load(saved.read_text())
 
 
@@ -102,11 +102,11 @@ def main() -> None:
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     started, failed = time.time(), []
     with ThreadPoolExecutor(args.jobs) as pool:
+        def submit(overrides: list[str], run_dir: Path):
+            return pool.submit(run_job, overrides, run_dir, args.resume and finished_run(overrides, run_dir))
+
         for task in tasks:
             # owners first (they pretrain), then the jobs that start from an owner's pretraining
-            def submit(overrides: list[str], run_dir: Path):
-                return pool.submit(run_job, overrides, run_dir, args.resume and finished_run(overrides, run_dir))
-
             owners = {(p, s): submit(job_overrides(task, p, s, args.quick, args.overrides), args.out / task / f"{p}_s{s}")
                       for s in seeds for p in presets if p not in SHARES_PRETRAINING}
             followers = []

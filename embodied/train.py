@@ -223,7 +223,7 @@ def _hydra_main(cfg: DictConfig) -> dict:
         status.write("running")
 
     try:
-        if resuming and _finished(run_dir):
+        if resuming and run_finished(run_dir):
             print(f"resume=true: {run_dir} already finished (status.json: done); nothing to do", flush=True)
             return {"status": "done", "run_dir": str(run_dir)}
         if resuming and (run_dir / ".hydra" / "config.yaml").is_file():
@@ -253,7 +253,8 @@ def _hydra_main(cfg: DictConfig) -> dict:
         return {"status": "failed", "run_dir": str(run_dir), "error": line}
 
 
-def _finished(run_dir: Path) -> bool:
+def run_finished(run_dir: Path) -> bool:
+    """A run that ended normally: its status says done and its summary was written."""
     from embodied.logging import SUMMARY_FILE
     from embodied.summary import run_status
 
