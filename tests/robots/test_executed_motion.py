@@ -584,6 +584,12 @@ def corner_chain(mode: str):
     return SafetyChain(config)
 
 
+def step_command(chain, mode: ControlMode, q: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """The mode's action (gripper included) that moves the joints by `step` in one period from `q`."""
+    values = step / chain.config.period_s if mode is ControlMode.JOINT_VELOCITY else q + step
+    return np.append(values, 0.04)
+
+
 @pytest.mark.parametrize("mode", [ControlMode.JOINT_VELOCITY, ControlMode.JOINT_POSITION])
 def test_from_a_corner_of_the_planning_margin_no_step_leaves_the_box_along_one_axis(mode):
     """The planned stop may go no deeper into the 2 mm margin than the arm already is. That allowance was
@@ -598,16 +604,14 @@ def test_from_a_corner_of_the_planning_margin_no_step_leaves_the_box_along_one_a
     obs = {"joint_pos_rad": q, "joint_vel_rad_s": np.zeros(3)}
     chain.reset(obs)
     step = np.array([0.0012, -0.002, -0.002])             # out along x, in along y and z
-    action = step / chain.config.period_s if mode is ControlMode.JOINT_VELOCITY else q + step
-    result = chain.filter(np.append(action, 0.04), obs, mode, fk=fk)
+    result = chain.filter(step_command(chain, mode, q, step), obs, mode, fk=fk)
     assert result.fault is None, result.fault
     sent = result.command.values
     target = sent * chain.config.period_s + q if mode is ControlMode.JOINT_VELOCITY else sent
     assert np.all(target <= 1.0) and np.all(target >= 0.0)
-    inward = np.array([-0.001, -0.002, -0.002])           # a step that leaves the margin is sent as asked
-    action = inward / chain.config.period_s if mode is ControlMode.JOINT_VELOCITY else q + inward
-    result = chain.filter(np.append(action, 0.04), obs, mode, fk=fk)
-    assert result.accepted and not result.events and np.allclose(result.command.values, action[:3])
+    inward = step_command(chain, mode, q, np.array([-0.001, -0.002, -0.002]))  # leaves the margin: sent as asked
+    result = chain.filter(inward, obs, mode, fk=fk)
+    assert result.accepted and not result.events and np.allclose(result.command.values, inward[:3])
 
     rng = np.random.default_rng(0)                       # and from anywhere near a wall, any small step
     faults = 0
@@ -618,6 +622,5 @@ def test_from_a_corner_of_the_planning_margin_no_step_leaves_the_box_along_one_a
         obs = {"joint_pos_rad": q, "joint_vel_rad_s": np.zeros(3)}
         chain.reset(obs)
         step = rng.uniform(-0.005, 0.005, 3)
-        action = step / chain.config.period_s if mode is ControlMode.JOINT_VELOCITY else q + step
-        faults += chain.filter(np.append(action, 0.04), obs, mode, fk=fk).fault is not None
+        faults += chain.filter(step_command(chain, mode, q, step), obs, mode, fk=fk).fault is not None
     assert faults == 0
