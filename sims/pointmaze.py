@@ -1,8 +1,11 @@
 """PointMaze as fixed-goal single tasks, like D4RL maze2d / antmaze.
 
-gymnasium-robotics' PointMaze is goal-conditioned with random goals; here each maze has one reset
-cell and one goal cell (far corners, as in D4RL antmaze), the goal sits exactly at its cell centre,
-the reward is sparse (1 within 0.45 m of the goal) and the episode terminates there. The state is
+gymnasium-robotics' PointMaze is goal-conditioned with random goals; here each maze has one goal cell
+(a far corner), the goal sits exactly at its cell centre, the reward is sparse (1 within 0.45 m of the
+goal) and the episode terminates there. The start is one reset cell (the opposite corner, as in D4RL
+antmaze), or any free cell for the `-anystart` tasks (as D4RL maze2d resets): from a single start a
+policy either reaches the goal or not, so success is all or nothing; from any start it is the share of
+the maze the policy can solve, which is what lets an offline score be partial. The state is
 concat(observation[4] = x, y, vx, vy, desired_goal[2]) as float32.
 """
 from __future__ import annotations
@@ -27,7 +30,7 @@ GOAL_RADIUS = 0.45  # gymnasium-robotics' success distance
 @dataclass(frozen=True)
 class MazeTask:
     gym_id: str
-    reset_cell: tuple[int, int]  # (row, col) in the maze map
+    reset_cell: tuple[int, int] | None  # (row, col) in the maze map; None: any free cell not at the goal
     goal_cell: tuple[int, int]
     max_episode_steps: int
 
@@ -36,6 +39,8 @@ MAZES = {
     "pointmaze-umaze": MazeTask("PointMaze_UMaze-v3", (1, 1), (3, 1), 300),
     "pointmaze-medium": MazeTask("PointMaze_Medium-v3", (1, 1), (6, 6), 600),
     "pointmaze-large": MazeTask("PointMaze_Large-v3", (1, 1), (7, 9), 800),
+    "pointmaze-medium-anystart": MazeTask("PointMaze_Medium-v3", None, (6, 6), 600),
+    "pointmaze-large-anystart": MazeTask("PointMaze_Large-v3", None, (7, 9), 800),
 }
 
 
@@ -53,10 +58,12 @@ def maze_layout(name: str) -> list[list]:
 
 
 def task_layout(name: str) -> list[list]:
-    """The wall map with the single reset ('r') and goal ('g') cells of this task marked."""
+    """The wall map with the task's goal ('g') cell and its reset ('r') cell, if it has one, marked
+    (gymnasium-robotics resets in any free cell when none is)."""
     task = MAZES[name]
     layout = maze_layout(name)
-    for (row, col), mark in ((task.reset_cell, "r"), (task.goal_cell, "g")):
+    marks = [(task.goal_cell, "g")] + ([(task.reset_cell, "r")] if task.reset_cell is not None else [])
+    for (row, col), mark in marks:
         assert layout[row][col] == 0, f"{name}: cell {(row, col)} is a wall"
         layout[row][col] = mark
     return layout

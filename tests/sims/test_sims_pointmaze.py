@@ -1,4 +1,4 @@
-"""PointMaze as a fixed-goal sparse task, and the waypoint expert's quality per level."""
+"""PointMaze as a fixed-goal sparse task (from one start cell or any), and the waypoint expert's quality per level."""
 import numpy as np
 import pytest
 
@@ -6,6 +6,8 @@ import sims
 from sims import pointmaze
 
 MAZES = list(pointmaze.MAZES)
+FIXED_START = [name for name in MAZES if pointmaze.MAZES[name].reset_cell is not None]
+ANY_START = [name for name in MAZES if pointmaze.MAZES[name].reset_cell is None]
 
 
 def _episode(env, policy):
@@ -20,7 +22,7 @@ def _episode(env, policy):
             return rewards, terminated, info
 
 
-@pytest.mark.parametrize("name", MAZES)
+@pytest.mark.parametrize("name", FIXED_START)
 def test_goal_and_start_are_fixed(name):
     env = sims.make(name, seed=0)
     task = pointmaze.MAZES[name]
@@ -31,6 +33,24 @@ def test_goal_and_start_are_fixed(name):
         np.testing.assert_allclose(state[4:], goal_xy, atol=1e-6)  # no goal noise
         assert tuple(maze.cell_xy_to_rowcol(state[:2])) == task.reset_cell
         np.testing.assert_allclose(env.unwrapped.goal, goal_xy)
+
+
+@pytest.mark.parametrize("name", ANY_START)
+def test_anystart_resets_in_many_free_cells_never_the_goal_and_keeps_the_goal_fixed(name):
+    env = sims.make(name, seed=0)
+    task = pointmaze.MAZES[name]
+    maze = env.unwrapped.maze
+    goal_xy = maze.cell_rowcol_to_xy(np.array(task.goal_cell))
+    cells = []
+    for _ in range(30):
+        state, info = env.reset()
+        state = state["observation.state"]
+        np.testing.assert_allclose(state[4:], goal_xy, atol=1e-6)
+        row, col = (int(v) for v in maze.cell_xy_to_rowcol(state[:2]))
+        assert maze.maze_map[row][col] != 1 and (row, col) != task.goal_cell and not info["success"]
+        cells.append((row, col))
+    assert len(set(cells)) >= 8  # 30 draws over the medium maze's 20 free cells (large: 45)
+    assert pointmaze.maze_layout(name) == pointmaze.maze_layout(name.removesuffix("-anystart"))
 
 
 @pytest.mark.parametrize("name", MAZES)

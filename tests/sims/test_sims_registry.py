@@ -9,7 +9,8 @@ from embodied.errors import UserError
 from sims import wrappers
 
 ALL = sims.names()
-LIGHT = {"hopper", "halfcheetah", "walker2d", "ant", "inverted-pendulum", "pendulum", "pointmaze-umaze", "pointmaze-medium", "pointmaze-large"}
+LIGHT = {"hopper", "halfcheetah", "walker2d", "ant", "inverted-pendulum", "pendulum", "pointmaze-umaze", "pointmaze-medium", "pointmaze-large",
+         "pointmaze-medium-anystart", "pointmaze-large-anystart"}
 # every task, the manipulation scenes (seconds each to build and check) in the slow tier
 ALL_BY_COST = [name if name in LIGHT else pytest.param(name, marks=pytest.mark.slow) for name in ALL]
 
