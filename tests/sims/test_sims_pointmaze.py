@@ -22,33 +22,33 @@ def _episode(env, policy):
             return rewards, terminated, info
 
 
+def _start_cells(name, resets):
+    """The (row, col) each of `resets` resets starts in, after checking the goal sits at its cell's centre."""
+    env = sims.make(name, seed=0)
+    maze = env.unwrapped.maze
+    goal_xy = maze.cell_rowcol_to_xy(np.array(pointmaze.MAZES[name].goal_cell))
+    cells = []
+    for _ in range(resets):
+        state, info = env.reset()
+        state = state["observation.state"]
+        np.testing.assert_allclose(state[4:], goal_xy, atol=1e-6)  # no goal noise
+        np.testing.assert_allclose(env.unwrapped.goal, goal_xy)
+        assert not info["success"]
+        cells.append(tuple(int(v) for v in maze.cell_xy_to_rowcol(state[:2])))
+    return cells, maze
+
+
 @pytest.mark.parametrize("name", FIXED_START)
 def test_goal_and_start_are_fixed(name):
-    env = sims.make(name, seed=0)
-    task = pointmaze.MAZES[name]
-    maze = env.unwrapped.maze
-    goal_xy = maze.cell_rowcol_to_xy(np.array(task.goal_cell))
-    for _ in range(3):
-        state = env.reset()[0]["observation.state"]
-        np.testing.assert_allclose(state[4:], goal_xy, atol=1e-6)  # no goal noise
-        assert tuple(maze.cell_xy_to_rowcol(state[:2])) == task.reset_cell
-        np.testing.assert_allclose(env.unwrapped.goal, goal_xy)
+    cells, _ = _start_cells(name, 3)
+    assert set(cells) == {pointmaze.MAZES[name].reset_cell}
 
 
 @pytest.mark.parametrize("name", ANY_START)
 def test_anystart_resets_in_many_free_cells_never_the_goal_and_keeps_the_goal_fixed(name):
-    env = sims.make(name, seed=0)
-    task = pointmaze.MAZES[name]
-    maze = env.unwrapped.maze
-    goal_xy = maze.cell_rowcol_to_xy(np.array(task.goal_cell))
-    cells = []
-    for _ in range(30):
-        state, info = env.reset()
-        state = state["observation.state"]
-        np.testing.assert_allclose(state[4:], goal_xy, atol=1e-6)
-        row, col = (int(v) for v in maze.cell_xy_to_rowcol(state[:2]))
-        assert maze.maze_map[row][col] != 1 and (row, col) != task.goal_cell and not info["success"]
-        cells.append((row, col))
+    cells, maze = _start_cells(name, 30)
+    assert all(maze.maze_map[row][col] != 1 for row, col in cells)
+    assert pointmaze.MAZES[name].goal_cell not in cells
     assert len(set(cells)) >= 8  # 30 draws over the medium maze's 20 free cells (large: 45)
     assert pointmaze.maze_layout(name) == pointmaze.maze_layout(name.removesuffix("-anystart"))
 
