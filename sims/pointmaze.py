@@ -4,8 +4,8 @@ gymnasium-robotics' PointMaze is goal-conditioned with random goals; here each m
 (a far corner), the goal sits exactly at its cell centre, the reward is sparse (1 within 0.45 m of the
 goal) and the episode terminates there. The start is one reset cell (the opposite corner, as in D4RL
 antmaze), or any free cell for the `-anystart` tasks (as D4RL maze2d resets): from a single start a
-policy either reaches the goal or not, so success is all or nothing; from any start it is the share of
-the maze the policy can solve, which is what lets an offline score be partial. The state is
+policy mostly reaches the goal in every episode or in none; from any start, success is the share of the
+maze the policy can solve, which is what lets an offline score be partial. The state is
 concat(observation[4] = x, y, vx, vy, desired_goal[2]) as float32.
 """
 from __future__ import annotations
