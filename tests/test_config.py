@@ -138,3 +138,14 @@ def test_every_preset_builds_its_agents_under_the_shipped_experiments(experiment
                 if name not in (None, "same"):
                     agents.make_config(name, options)
     assert built == set(presets)   # every preset built with at least its own policy
+
+
+@pytest.mark.parametrize("maze", ["medium", "large"])
+def test_an_anystart_maze_is_its_fixed_start_sibling_but_for_the_name(maze):
+    from omegaconf import OmegaConf
+
+    anystart, sibling = (OmegaConf.to_container(compose_train([f"env={name}"]), resolve=True)
+                         for name in (f"pointmaze-{maze}-anystart", f"pointmaze-{maze}"))
+    assert anystart["env"].pop("name") == f"pointmaze-{maze}-anystart"
+    sibling["env"].pop("name")
+    assert anystart == sibling
