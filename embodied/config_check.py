@@ -168,6 +168,7 @@ RULES: dict[str, Rule] = {
     "dataset.seed": Int(0, example="0"),
     "dataset.path": OPT_STR,
     "dataset.minari_id": OPT_STR,
+    "dataset.env": OPT_STR,
     "logger.wandb": BOOL,
     "logger.mode": Rule("choice", choices=("offline", "online", "disabled")),
     "logger.project": STR,
@@ -412,12 +413,14 @@ def _check_choices(cfg: DictConfig, resolved: dict) -> None:
     from embodied.data import catalog
 
     needs_data = bool(cfg.algo.offline_algo) or cfg.algo.offline_ratio > 0
+    _check_dataset_env(cfg)
     if needs_data and not cfg.dataset.path and not cfg.dataset.minari_id:
-        qualities = _qualities(cfg.env.name, catalog)
+        data_env = dataset_env(cfg)
+        qualities = _qualities(data_env, catalog)
         if cfg.dataset.quality not in qualities:
             raise value_error("dataset.quality", cfg.dataset.quality, Rule("choice", choices=qualities))
         try:
-            catalog.check_request(cfg.env.name, cfg.dataset.quality, cfg.dataset.size, cfg.dataset.seed)
+            catalog.check_request(data_env, cfg.dataset.quality, cfg.dataset.size, cfg.dataset.seed)
         except UserError as err:  # DatasetError: already one line naming the value
             raise ConfigError(f"dataset: {err}") from None
     _check_env_options(cfg)
@@ -438,6 +441,33 @@ def _check_choices(cfg: DictConfig, resolved: dict) -> None:
         if index and int(index) >= torch.cuda.device_count():
             raise ConfigError(f"device={cfg.device} but only {torch.cuda.device_count()} CUDA device(s) are "
                               f"visible; use device=cuda:0")
+
+
+def dataset_env(cfg: DictConfig) -> str:
+    """The env a generated dataset is recorded on: `dataset.env`, else the run's own."""
+    return cfg.dataset.get("env") or cfg.env.name
+
+
+def _check_dataset_env(cfg: DictConfig) -> None:
+    """`dataset.env` records the data elsewhere (an any-start maze trained on its fixed-start sibling's data), so
+    its observations and actions must be the run env's."""
+    import sims
+    from embodied.data import catalog
+
+    other = cfg.dataset.get("env")
+    if not other or other == cfg.env.name:
+        return
+    if cfg.dataset.path or cfg.dataset.minari_id:
+        raise ConfigError(f"dataset.env={other} names the env to generate data on, but dataset."
+                          f"{'path' if cfg.dataset.path else 'minari_id'} loads one; set dataset.env=null to load it")
+    if other not in sims.names() or catalog.demo_generator(other) or catalog.demo_generator(cfg.env.name):
+        raise ConfigError(f"dataset.env={other}: pick a state-based env of sims.names() other than the scripted-demo "
+                          "ones (OGBench manipulation, mt10); set dataset.env=null to record on env.name")
+    data, run = sims.spec(other), sims.spec(cfg.env.name)
+    if (data.obs_dim, data.act_dim) != (run.obs_dim, run.act_dim):
+        raise ConfigError(f"dataset.env={other} has observations/actions of size {data.obs_dim}/{data.act_dim}, "
+                          f"env={cfg.env.name} {run.obs_dim}/{run.act_dim}; set dataset.env=null or an env with the "
+                          "same spaces")
 
 
 def _qualities(env: str, catalog) -> tuple:

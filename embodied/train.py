@@ -17,8 +17,8 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from embodied.config_check import (check_config, compose_checked, expand_jobs, parse_overrides, read_saved_run,
-                                   resume_config, with_agent_options)
+from embodied.config_check import (check_config, compose_checked, dataset_env, expand_jobs, parse_overrides,
+                                   read_saved_run, resume_config, with_agent_options)
 from embodied.errors import ConfigError, UserError, exit_on_user_error
 from embodied.run_config import env_options, runner_config
 from embodied.summary import STATUS_FILE
@@ -65,7 +65,7 @@ def load_dataset(cfg: DictConfig):
         return load_hdf5(cfg.dataset.path)
     if cfg.dataset.minari_id:
         return load_minari(cfg.dataset.minari_id)
-    return catalog.load_dataset(cfg.env.name, cfg.dataset.quality, cfg.dataset.size, seed=cfg.dataset.seed,
+    return catalog.load_dataset(dataset_env(cfg), cfg.dataset.quality, cfg.dataset.size, seed=cfg.dataset.seed,
                                 options=env_options(cfg), progress=cfg.progress)
 
 
@@ -134,7 +134,7 @@ def run(cfg: DictConfig, run_dir: Path, on_start=None) -> dict:
         if rcfg.world_model.get("dataset"):  # DiWA: the world model learns from its own dataset (e.g. play)
             from embodied.data import catalog
 
-            extra["model_dataset"] = catalog.load_dataset(cfg.env.name, rcfg.world_model["dataset"],
+            extra["model_dataset"] = catalog.load_dataset(dataset_env(cfg), rcfg.world_model["dataset"],
                                                           rcfg.world_model.get("size", 100_000),
                                                           seed=cfg.dataset.seed, options=env_options(cfg),
                                                           progress=cfg.progress)

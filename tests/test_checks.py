@@ -49,6 +49,8 @@ BAD_VALUES = {
     "logger.mode=onlin": "logger.mode='onlin' must be one of offline, online, disabled; set logger.mode=online",
     "dataset.quality=expertt": "dataset.quality='expertt' must be one of",
     "dataset.path=/nonexistent/data.hdf5": "dataset.path=/nonexistent/data.hdf5 does not exist",
+    "dataset.env=hopper": "dataset.env=hopper has observations/actions of size 11/3, env=pointmaze-umaze 6/2; set",
+    "dataset.env=cube-single": "dataset.env=cube-single: pick a state-based env",
     "seed=-1": "seed=-1 must be an integer >= 0; set seed=0",
     "bf16=maybe": "bf16='maybe' must be true, false or auto",
     "resume=yes": "resume='yes' must be true or false",
@@ -260,3 +262,24 @@ def test_a_reward_option_that_the_data_would_not_get_is_an_error():
     with pytest.raises(ConfigError, match="env.options.reward=success relabels the generated demos"):
         check_config(compose_train(["env=mt10", "env.options.reward=success", "dataset.path=/tmp/mt10.hdf5"]))
     check_config(compose_train(["env=mt10", "env.options.reward=success", "dataset=task"]))   # generated: relabelled
+
+
+def test_dataset_env_records_the_data_on_the_named_sibling_and_the_run_keeps_its_own_env(tmp_path, monkeypatch):
+    """An any-start maze pretrained on its fixed-start sibling's data: the file is the sibling's, the env is not."""
+    from embodied.config_check import check_config
+    from embodied.data.cache import dataset_path
+    from embodied.train import load_dataset
+
+    monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path))
+    cfg = compose_train(["env=pointmaze-medium-anystart", "dataset.env=pointmaze-medium", "dataset.size=300",
+                         "progress=false"])
+    check_config(cfg)
+    ds = load_dataset(cfg)
+    assert len(ds) == 300
+    assert dataset_path("pointmaze-medium", "medium-replay", 300, 0).is_file()
+    assert not dataset_path("pointmaze-medium-anystart", "medium-replay", 300, 0).exists()
+    assert cfg.env.name == "pointmaze-medium-anystart"
+    with pytest.raises(ConfigError, match="dataset.env=pointmaze-medium names the env to generate data on, but "
+                                          "dataset.path loads one; set dataset.env=null"):
+        check_config(compose_train(["env=pointmaze-medium-anystart", "dataset.env=pointmaze-medium",
+                                    f"dataset.path={tmp_path / 'x.hdf5'}"]))
