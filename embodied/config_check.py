@@ -411,6 +411,7 @@ def _check_env_options(cfg: DictConfig) -> None:
 def _check_choices(cfg: DictConfig, resolved: dict) -> None:
     """Values whose valid set lives elsewhere: dataset qualities, files that must exist, CUDA."""
     from embodied.data import catalog
+    from embodied.run_config import dataset_env
 
     needs_data = bool(cfg.algo.offline_algo) or cfg.algo.offline_ratio > 0
     _check_dataset_env(cfg)
@@ -441,11 +442,6 @@ def _check_choices(cfg: DictConfig, resolved: dict) -> None:
         if index and int(index) >= torch.cuda.device_count():
             raise ConfigError(f"device={cfg.device} but only {torch.cuda.device_count()} CUDA device(s) are "
                               f"visible; use device=cuda:0")
-
-
-def dataset_env(cfg: DictConfig) -> str:
-    """The env a generated dataset is recorded on: `dataset.env`, else the run's own."""
-    return cfg.dataset.get("env") or cfg.env.name
 
 
 def _check_dataset_env(cfg: DictConfig) -> None:

@@ -105,6 +105,11 @@ def runner_config(cfg: DictConfig):
     )
 
 
+def dataset_env(cfg: DictConfig) -> str:
+    """The env a generated dataset is recorded on: `dataset.env`, else the run's own."""
+    return cfg.dataset.get("env") or cfg.env.name
+
+
 def env_options(cfg: DictConfig) -> dict:
     """`env.options`: keyword arguments for the task's builder (`sims.make(name, **options)`), e.g. mt10's
     task_id and reward; the data, the online envs and the evaluation all get them. Null values are left out."""

@@ -17,10 +17,10 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from embodied.config_check import (check_config, compose_checked, dataset_env, expand_jobs, parse_overrides,
-                                   read_saved_run, resume_config, with_agent_options)
+from embodied.config_check import (check_config, compose_checked, expand_jobs, parse_overrides, read_saved_run,
+                                   resume_config, with_agent_options)
 from embodied.errors import ConfigError, UserError, exit_on_user_error
-from embodied.run_config import env_options, runner_config
+from embodied.run_config import dataset_env, env_options, runner_config
 from embodied.summary import STATUS_FILE
 
 CONF_DIR = Path(__file__).parent / "conf"
