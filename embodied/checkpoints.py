@@ -8,6 +8,7 @@ Tensors go through safetensors and arrays through `np.load(allow_pickle=False)`:
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -151,8 +152,24 @@ def pretrained_folder(path: str | Path) -> Path:
     return path / "checkpoints" / PRETRAINED_DIR if (path / "checkpoints").is_dir() else path
 
 
-def read_pretrained(path: str | Path, config: dict, dataset_size: int | None) -> tuple[dict, dict]:
-    """(state, tensors) of a saved pretraining, after checking that it was made with this run's settings."""
+def dataset_fingerprint(dataset) -> str | None:
+    """A short hash of the transitions a pretraining learnt from: the same size and config can still be other
+    data (`dataset.env`, `dataset.quality`, `dataset.path`), and a pretrained= run must start from its own.
+    Images are left out (a suite's states, actions and rewards already tell its files apart)."""
+    if dataset is None:
+        return None
+    digest = hashlib.sha256()
+    for key in ("observations", "actions", "rewards"):
+        values = getattr(dataset, key, None)
+        if values is not None:
+            digest.update(key.encode())
+            digest.update(np.ascontiguousarray(values).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def read_pretrained(path: str | Path, config: dict, dataset) -> tuple[dict, dict]:
+    """(state, tensors) of a saved pretraining, after checking that it was made with this run's settings and
+    data (a pretraining saved before the data fingerprint existed is checked on its size only)."""
     folder = pretrained_folder(path)
     if not (folder / "state.json").is_file():
         raise CheckpointError(f"pretrained={path} has no saved pretraining (looked for {folder}/state.json); "
@@ -174,7 +191,13 @@ def read_pretrained(path: str | Path, config: dict, dataset_size: int | None) ->
         if theirs != ours:
             raise ConfigError(f"pretrained={path} was trained with {key}={theirs!r}, this run has "
                               f"{key}={ours!r}; use the same setting or pretrain anew")
+    dataset_size = None if dataset is None else len(dataset)
     if state.get("dataset_size") != dataset_size:
         raise ConfigError(f"pretrained={path} was trained on {state.get('dataset_size')} transitions, this run "
                           f"loads {dataset_size}; use the same dataset.size or pretrain anew")
+    saved_print = state.get("dataset_fingerprint")
+    if saved_print is not None and saved_print != dataset_fingerprint(dataset):
+        raise ConfigError(f"pretrained={path} was trained on other data of the same size (dataset fingerprint "
+                          f"{saved_print}, this run's {dataset_fingerprint(dataset)}); use the pretraining's "
+                          "dataset.env, dataset.quality and dataset.path, or pretrain anew")
     return state, tensors

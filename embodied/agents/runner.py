@@ -31,8 +31,9 @@ from embodied import agents
 from embodied.agents.chunking import is_chunked
 from embodied.agents.nets import to_torch
 from embodied.agents.sac import SAC
-from embodied.checkpoints import (PRETRAINED_DIR, Checkpoint, check_checkpoint_config, fallback, find_checkpoints,
-                                  first_line, pretrained_folder, read_checkpoint, read_pretrained, write_folder)
+from embodied.checkpoints import (PRETRAINED_DIR, Checkpoint, check_checkpoint_config, dataset_fingerprint, fallback,
+                                  find_checkpoints, first_line, pretrained_folder, read_checkpoint, read_pretrained,
+                                  write_folder)
 from embodied.data.dataset import Dataset
 from embodied.data.replay import MixedReplay, ReplayBuffer
 from embodied.data.rewards import RewardTransform
@@ -627,13 +628,14 @@ class Runner:
         """checkpoints/pretrained/: the offline agent at the switch, with the config that made it."""
         state = dict(config=asdict(self.cfg), offline_step=self.offline_step,
                      dataset_size=None if self.dataset is None else len(self.dataset),
+                     dataset_fingerprint=dataset_fingerprint(self.dataset),
                      eval_history=[r for r in self.eval_history if r["phase"] == "offline"], saved_at=time.time())
         return write_folder(self.run_dir / "checkpoints" / PRETRAINED_DIR, self.offline_agent.state_dict(), state)
 
     def load_pretrained(self, path: str | Path) -> None:
         """Skip the offline phase: restore a saved pretraining whose config matches this run's."""
         folder = pretrained_folder(path)
-        state, tensors = read_pretrained(path, asdict(self.cfg), None if self.dataset is None else len(self.dataset))
+        state, tensors = read_pretrained(path, asdict(self.cfg), self.dataset)
         try:
             self.offline_agent.load_state_dict(tensors)
         except (RuntimeError, KeyError) as err:

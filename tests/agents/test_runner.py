@@ -1,12 +1,15 @@
 """The offline->online runner's switch knobs, on real PointMaze physics with a small generated dataset."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
+import torch
 
 from embodied.agents.runner import Runner, RunnerConfig
+from embodied.checkpoints import dataset_fingerprint, read_pretrained, write_folder
 from embodied.data import catalog
 from embodied.errors import ConfigError
 
@@ -200,6 +203,25 @@ def test_pretrain_once_fine_tune_many(dataset, tmp_path):
     from embodied.errors import CheckpointError
     with pytest.raises(CheckpointError, match="no saved pretraining"):
         Runner(small(pretrained=str(tmp_path / "nothing")), dataset, tmp_path / "d", CountingLogger()).run()
+    other = dataclasses.replace(dataset, rewards=dataset.rewards[::-1].copy())  # same size and config, other data
+    with pytest.raises(ConfigError, match="other data of the same size"):
+        Runner(small(pretrained=str(tmp_path / "a")), other, tmp_path / "e", CountingLogger(), progress=False).run()
+
+
+def test_a_pretraining_is_refused_on_other_data_of_the_same_size(dataset, tmp_path):
+    """dataset.env, dataset.quality or dataset.path can change the data and keep its size and the config; the
+    saved fingerprint catches it, and a pretraining saved before fingerprints existed still loads."""
+    config = {"env": "pointmaze-umaze"}
+    state = dict(config=config, offline_step=5, dataset_size=len(dataset), eval_history=[])
+    write_folder(tmp_path / "old", {"w": torch.zeros(1)}, state)
+    write_folder(tmp_path / "new", {"w": torch.zeros(1)}, {**state, "dataset_fingerprint": dataset_fingerprint(dataset)})
+    other = dataclasses.replace(dataset, observations=dataset.observations + 1e-3)
+    assert dataset_fingerprint(other) != dataset_fingerprint(dataset)
+    assert dataset_fingerprint(dataclasses.replace(dataset)) == dataset_fingerprint(dataset)
+    read_pretrained(tmp_path / "new", config, dataset)
+    read_pretrained(tmp_path / "old", config, other)
+    with pytest.raises(ConfigError, match="dataset.env, dataset.quality and dataset.path"):
+        read_pretrained(tmp_path / "new", config, other)
 
 
 @pytest.mark.slow
