@@ -69,7 +69,8 @@ def late_window(run_dir: Path) -> dict:
 
 
 def summary_lines(rows: list[dict], experiment: str, seeds: int, minutes: float) -> list[str]:
-    lines = [f"# WSRL ablation ({experiment}, {seeds} seed(s), {minutes:.0f} min)", "",
+    lines = [f"# WSRL ablation ({experiment}; the last command ran {seeds} seed(s) in {minutes:.0f} min: rows kept "
+             "from earlier commands count their own seeds)", "",
              "Means over seeds; 'late' = the online evals in the second half of the online steps (per seed in the json).", "",
              "| variant | seeds | end of offline | final | late mean | late worst | best | dip from first gradient step |",
              "|---|---|---|---|---|---|---|---|"]
