@@ -196,8 +196,8 @@ def read_pretrained(path: str | Path, config: dict, dataset) -> tuple[dict, dict
         raise ConfigError(f"pretrained={path} was trained on {state.get('dataset_size')} transitions, this run "
                           f"loads {dataset_size}; use the same dataset.size or pretrain anew")
     saved_print = state.get("dataset_fingerprint")
-    if saved_print is not None and saved_print != dataset_fingerprint(dataset):
+    if saved_print is not None and saved_print != (this_print := dataset_fingerprint(dataset)):
         raise ConfigError(f"pretrained={path} was trained on other data of the same size (dataset fingerprint "
-                          f"{saved_print}, this run's {dataset_fingerprint(dataset)}); use the pretraining's "
+                          f"{saved_print}, this run's {this_print}); use the pretraining's "
                           "dataset.env, dataset.quality and dataset.path, or pretrain anew")
     return state, tensors
