@@ -25,8 +25,13 @@ setup() {
     touch "$STAMP"
 }
 
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}  # see embodied/__init__.py
 cmd=${1:-help}; shift || true
+# OpenMP's idle threads: the main job owns the machine, so its 2 threads spin between ops (its pretraining
+# ran 1.4x faster than with sleeping threads on the AMD EPYC); tests and everything else sleep, which is
+# safe when processes share the cores. Sharing them with a training job? OMP_WAIT_POLICY=PASSIVE bash
+# run.sh train (embodied/__init__.py)
+if [ "$cmd" = train ]; then export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-ACTIVE}; fi
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 case "$cmd" in
     setup) setup ;;
     train)
