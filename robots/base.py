@@ -140,7 +140,11 @@ class Robot:
         """Stop moving and keep position; commands need a new arm()."""
         with self._lock:
             if self._state is State.ARMED:
-                self._hold()
+                try:
+                    self._hold()
+                except Exception as err:  # noqa: BLE001  a hold the backend cannot do: the link is broken
+                    self.fault(f"{reason}: hold failed: {err}")
+                    raise RobotFault(f"{reason}: hold failed: {err}") from None
                 self._transition(State.CONNECTED, reason)
 
     def stop(self) -> None:

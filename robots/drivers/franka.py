@@ -138,16 +138,21 @@ class FrankaRobot(Robot):
             raise RobotFault(f"{type(err).__name__}: {err}") from None
 
     def _hold(self) -> None:
+        """A stopped motion ends "preempted"; any other error (a network stall breaks the link) is a fault."""
         if self.robot is None:
             return
         try:
             self.robot.stop()           # franky's decelerating stop of the running motion
             self.robot.join_motion()
-        except Exception:  # noqa: BLE001  "preempted" is how a stopped motion ends
-            pass
+        except Exception as err:  # noqa: BLE001  franky raises several exception types
+            if "preempted" not in str(err):
+                raise RobotFault(f"{type(err).__name__}: {err}") from None
 
     def _estop_backend(self) -> None:
-        self._hold()
+        try:
+            self._hold()
+        except RobotFault:  # estop() faults the robot whatever the link says
+            pass
 
     def _recover(self) -> None:
         try:

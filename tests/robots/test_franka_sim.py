@@ -120,8 +120,8 @@ def test_deploy_a_saved_checkpoint_on_franky_sim(franky_sim, tmp_path):
 
 
 def test_recovery_from_an_injected_network_stall(franky_sim):
-    """Freeze the simulator for 2.5 s mid-motion: libfranka's watchdog raises, the driver faults; then
-    recover() (reconnecting when the SDK object is broken), arm() and move again."""
+    """Freeze the simulator for 2.5 s mid-motion: the watchdog's hold meets a broken link, the driver faults;
+    then recover() (reconnecting when the SDK object is broken), arm() and move again."""
     robot = franka(franky_sim["address"])
     with robot:
         robot.arm()
@@ -139,12 +139,17 @@ def test_recovery_from_an_injected_network_stall(franky_sim):
             time.sleep(2.5)
         finally:
             os.kill(franky_sim["proc"].pid, signal.SIGCONT)
-        with pytest.raises(RobotFault):
+        # our watchdog holds during the stall and the hold finds the link broken: the robot faults then, whether
+        # or not libfranka still reports the motion's timeout to the next read (under load it may not)
+        try:
             for _ in range(200):
                 robot.observe()
                 robot.send_action(np.append(goal, 0.06))
                 time.sleep(0.01)
-        assert robot.state is State.FAULT
+        except RobotFault:
+            pass
+        assert robot.state is State.FAULT, robot.events[-4:]
+        assert any(e.get("kind") == "watchdog" for e in robot.events), robot.events[-4:]
         robot.recover()
         assert robot.state is State.CONNECTED
         robot.arm()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from robot_helpers import RecordingRobot, small_config
-from robots.base import TRANSITIONS, ControlMode, RobotConfig, RobotStateError, State
+from robots.base import TRANSITIONS, ControlMode, RobotConfig, RobotFault, RobotStateError, State
 from robots.safety import SafetyChain
 from embodied.errors import ConfigError
 
@@ -182,6 +182,37 @@ def test_watchdog_holds_and_needs_rearm():
             robot.send_action(np.full(4, np.nan))
             time.sleep(0.01)
         assert robot.state is State.CONNECTED
+
+
+class BrokenLinkRobot(RecordingRobot):
+    """Its hold fails the way a stalled network makes an SDK's stop fail."""
+
+    def _hold(self):
+        self.holds += 1
+        raise ConnectionError("link interrupted")
+
+
+def test_a_hold_that_fails_faults_the_robot():
+    """Before: the Franka driver swallowed the error, so a watchdog hold over a broken link left the robot
+    'held' and nothing faulted it (franky-sim stall test, CI on the AMD EPYC)."""
+    robot = BrokenLinkRobot(start_watchdog=False)
+    with robot:
+        robot.arm()
+        with pytest.raises(RobotFault, match="hold failed: link interrupted"):
+            robot.hold("stop")
+        assert robot.state is State.FAULT and "hold failed" in robot.fault_reason
+
+
+def test_a_watchdog_hold_that_fails_faults_the_robot():
+    robot = BrokenLinkRobot(small_config(watchdog_deadline_ms=50.0))
+    with robot:
+        robot.arm()
+        robot.send_action(np.zeros(4))
+        t0 = time.monotonic()
+        while robot.state is State.ARMED and time.monotonic() - t0 < 2:
+            time.sleep(0.001)
+        assert robot.state is State.FAULT and robot.holds >= 1
+        assert robot.send_action(np.zeros(4)) is None
 
 
 def test_estop_from_another_thread():
