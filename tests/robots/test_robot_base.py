@@ -161,15 +161,20 @@ def test_final_check_catches_a_broken_filter():
     assert robot.state is State.FAULT and robot.commands == [] and "final_check" in robot.fault_reason
 
 
+def arm_send_once_and_wait(robot, timeout_s: float = 2.0) -> float:
+    """Arm, send one command, and wait for the watchdog to end the armed state; returns the seconds waited."""
+    robot.arm()
+    robot.send_action(np.zeros(4))
+    t0 = time.monotonic()
+    while robot.state is State.ARMED and time.monotonic() - t0 < timeout_s:
+        time.sleep(0.001)
+    return time.monotonic() - t0
+
+
 def test_watchdog_holds_and_needs_rearm():
     robot = RecordingRobot(small_config(watchdog_deadline_ms=100.0))
     with robot:
-        robot.arm()
-        robot.send_action(np.zeros(4))
-        t0 = time.monotonic()
-        while robot.state is State.ARMED and time.monotonic() - t0 < 2:
-            time.sleep(0.001)
-        waited = time.monotonic() - t0
+        waited = arm_send_once_and_wait(robot)
         assert robot.state is State.CONNECTED and robot.holds == 1
         assert 0.09 < waited < 0.5
         assert robot.send_action(np.zeros(4)) is None   # needs an explicit re-arm
@@ -206,11 +211,7 @@ def test_a_hold_that_fails_faults_the_robot():
 def test_a_watchdog_hold_that_fails_faults_the_robot():
     robot = BrokenLinkRobot(small_config(watchdog_deadline_ms=50.0))
     with robot:
-        robot.arm()
-        robot.send_action(np.zeros(4))
-        t0 = time.monotonic()
-        while robot.state is State.ARMED and time.monotonic() - t0 < 2:
-            time.sleep(0.001)
+        arm_send_once_and_wait(robot)
         assert robot.state is State.FAULT and robot.holds >= 1
         assert robot.send_action(np.zeros(4)) is None
 
