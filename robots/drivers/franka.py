@@ -151,8 +151,8 @@ class FrankaRobot(Robot):
     def _estop_backend(self) -> None:
         try:
             self._hold()
-        except RobotFault:  # estop() faults the robot whatever the link says
-            pass
+        except RobotFault as err:  # estop() faults the robot whatever the link says; keep why, as stop() does
+            self.events.append({"t_s": time.monotonic(), "kind": "estop_error", "reason": str(err)})
 
     def _recover(self) -> None:
         try:
