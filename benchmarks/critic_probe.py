@@ -9,12 +9,19 @@ also on states of its dataset), on states from the run's online replay:
   |dQ/da|       per-state gradient norm at the actor's action; `coherent` is the norm of its batch mean
   drift         L2 distance of the deterministic action from the pretrained actor's
 
-Usage: python benchmarks/critic_probe.py RUN_DIR [--every K] [--states 1024]
+--climb N (a run started with `pretrained=`): copies of the pretrained actor take N actor-only steps against the
+frozen pretrained critic on its dataset's states, at each temperature of --climb-temperatures ("switch" = the
+pretrained one), then are probed and evaluated like the run's evals. Was the actor held off the critic's peak by
+its entropy term, and is that peak a good policy? (eval: the success rate where the env reports one, else the
+normalised score.)
+
+Usage: python benchmarks/critic_probe.py RUN_DIR [--every K] [--states 1024] [--climb N]
 The run needs checkpoints inside its online phase (`checkpoint.every=N checkpoint.keep=K`).
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import tempfile
 from pathlib import Path
@@ -29,6 +36,7 @@ from embodied.agents.runner import Runner  # noqa: E402
 from embodied.checkpoints import find_checkpoints  # noqa: E402
 from embodied.config_check import read_saved_run  # noqa: E402
 from embodied.errors import UserError  # noqa: E402
+from embodied.evaluation import evaluate  # noqa: E402
 from embodied.logging import RunLogger  # noqa: E402
 from embodied.run_config import runner_config  # noqa: E402
 from embodied.train import load_dataset  # noqa: E402
@@ -42,8 +50,8 @@ def objective(agent, q: torch.Tensor) -> torch.Tensor:
     return q.min(0).values if getattr(agent.cfg, "actor_q", "mean") == "min" else q.mean(0)
 
 
-def probe(agent, reference_actor, obs: torch.Tensor, generator: torch.Generator) -> dict:
-    actor, critic = agent.actor, agent.critic
+def probe(agent, reference_actor, obs: torch.Tensor, generator: torch.Generator, actor=None) -> dict:
+    actor, critic = actor if actor is not None else agent.actor, agent.critic
     with torch.no_grad():
         action = actor.mode(obs)
         q_all = critic(obs, action).float()
@@ -63,6 +71,42 @@ def probe(agent, reference_actor, obs: torch.Tensor, generator: torch.Generator)
             "q": float(own.mean()), "drift": drift}
 
 
+def climb(agent, states: torch.Tensor, steps: int, temperature: float, generator: torch.Generator,
+          batch_size: int = 256):
+    """A copy of the agent's actor after `steps` Adam steps (the agent's actor lr) on SAC's actor loss at a fixed
+    temperature, the critic frozen: where the critic's objective plus that entropy weight takes the policy."""
+    actor = copy.deepcopy(agent.actor).float().requires_grad_(True)
+    optimizer = torch.optim.Adam(actor.parameters(), lr=agent.cfg.actor_lr)
+    agent.critic.requires_grad_(False)
+    torch.manual_seed(int(torch.randint(2**31 - 1, (1,), generator=generator)))  # the actor's sampling noise
+    for _ in range(steps):
+        obs = states[torch.randint(len(states), (batch_size,), generator=generator)]
+        action, log_prob = actor.sample_with_log_prob(obs)
+        loss = (temperature * log_prob.float() - objective(agent, agent.critic(obs, action).float())).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    agent.critic.requires_grad_(True)
+    return actor.requires_grad_(False)
+
+
+def climb_rows(runner, agent, data_states: torch.Tensor, probe_states: torch.Tensor, steps: int,
+               temperatures: list[str], stream) -> list[tuple]:
+    """One row per temperature: the climbed actor's probe on the online states and its eval score."""
+    rows = []
+    for i, name in enumerate(temperatures):
+        temperature = float(agent.alpha()) if name == "switch" else float(name)
+        actor = climb(agent, data_states, steps, temperature, stream(-10 - i))
+        row = probe(agent, agent.actor, probe_states, stream(-4), actor=actor)
+        act = lambda states, actor=actor: actor.act(states, deterministic=True)[:, 0, :]
+        result = evaluate(runner.cfg.env, act, runner.cfg.eval_episodes, seed=runner._eval_seed(),
+                          gamma=runner.cfg.gamma, reward_transform=runner.rewards, env_kwargs=runner.cfg.env_options)
+        metrics = result.metrics()
+        row["eval"] = metrics.get("eval/success", metrics["eval/score"])
+        rows.append((f"temperature {temperature:.3g}" + (" (switch)" if name == "switch" else ""), row))
+    return rows
+
+
 def main(argv=None) -> None:
     try:
         probe_run(argv)
@@ -76,6 +120,10 @@ def probe_run(argv=None) -> None:
     parser.add_argument("--every", type=int, default=1, help="probe every k-th online checkpoint")
     parser.add_argument("--states", type=int, default=1024, help="online states per probe")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--climb", type=int, default=0, metavar="N",
+                        help="actor-only steps against the frozen pretrained critic (needs a run with pretrained=)")
+    parser.add_argument("--climb-temperatures", default="switch,0.1,0",
+                        help="comma-separated temperatures for --climb; 'switch' is the pretrained one")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if not (args.run_dir / ".hydra" / "config.yaml").is_file():
@@ -83,6 +131,8 @@ def probe_run(argv=None) -> None:
                          f"written by embodied.train")
     cfg = read_saved_run(args.run_dir)[0]   # the config the run was started with, not today's presets
     rcfg = runner_config(cfg)
+    if args.climb and not cfg.get("pretrained"):
+        raise SystemExit(f"critic_probe: --climb needs a run started with pretrained=<run>; {args.run_dir} was not")
     checkpoints = find_checkpoints(args.run_dir)
     if not checkpoints:
         raise SystemExit(f"{args.run_dir}/checkpoints has no step_* checkpoint: rerun with checkpoint.every=N "
@@ -108,7 +158,10 @@ def probe_run(argv=None) -> None:
                         envs=EnvSource(rcfg.env, rcfg.env_options))
         switch.load_pretrained(cfg.pretrained)
         switch_agent = switch.offline_agent if getattr(switch.offline_agent, "critic", None) is not None else None
-    rows = []
+    if args.climb and (switch_agent is None or dataset is None):
+        raise SystemExit(f"critic_probe: --climb needs a run started with pretrained=<run> from an offline dataset, "
+                         f"with a pretrained critic; {args.run_dir} has none")
+    rows, climbed = [], []
     for path in tqdm(checkpoints[:: args.every], desc="checkpoints", dynamic_ncols=True):
         runner.load_checkpoint(path)
         obs = states(stream(runner.online_step)) if runner.phase == "online" else None
@@ -122,6 +175,9 @@ def probe_run(argv=None) -> None:
                 data_states = torch.as_tensor(np.asarray(dataset.observations)[pick.numpy()], dtype=torch.float32)
                 rows.append(("switch, dataset states", None,
                              probe(switch_agent, switch_agent.actor, data_states, stream(-3))))
+                if args.climb:
+                    climbed = climb_rows(switch, switch_agent, data_states, obs, args.climb,
+                                         args.climb_temperatures.split(","), stream)
         reference = runner.pretrained_actor if runner.pretrained_actor is not None else runner.agent.actor
         rows.append((path.name, runner.online_step, probe(runner.agent, reference, obs, stream(runner.online_step))))
     if not rows:
@@ -133,6 +189,14 @@ def probe_run(argv=None) -> None:
     for name, step, r in rows:
         print(f"| {name} | {'-' if step is None else step} | " + " | ".join(f"{r['beats'][s]:.2f}" for s in SIGMAS)
               + f" | {r['spread']:.3f} | {r['grad']:.4f} | {r['coherent']:.4f} | {r['q']:.2f} | {r['drift']:.3f} |")
+    if climbed:
+        print(f"\nthe pretrained actor after {args.climb} actor-only steps against the frozen pretrained critic "
+              f"(dataset states; probed on the switch row's online states; eval: {switch.cfg.eval_episodes} episodes)")
+        print("| climbed at | " + " | ".join(f"beats@{s}" for s in SIGMAS) + " | dQ/da | coherent | Q | drift | eval |")
+        print("|---" * (len(SIGMAS) + 6) + "|")
+        for name, r in climbed:
+            print(f"| {name} | " + " | ".join(f"{r['beats'][s]:.2f}" for s in SIGMAS)
+                  + f" | {r['grad']:.4f} | {r['coherent']:.4f} | {r['q']:.2f} | {r['drift']:.3f} | {r['eval']:.2f} |")
     logger.close()
 
 

@@ -219,6 +219,16 @@ def test_critic_probe_reads_an_online_runs_checkpoints_and_its_pretrained_critic
         assert all(0.0 <= b <= 1.0 for b in beats)
     drift = [float(r[-1]) for r in rows]
     assert drift[0] == drift[1] == drift[2] == 0.0 and drift[-1] > 0.0   # online step 30 is in the warmup: no actor step yet
+    climbed = subprocess.run([sys.executable, str(REPO / "benchmarks" / "critic_probe.py"), str(tmp_path / "online"),
+                              "--states", "64", "--every", "100", "--climb", "30", "--climb-temperatures", "switch,0"],
+                             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert climbed.returncode == 0, climbed.stderr[-2000:]
+    climb_rows = [line.split("|")[1:-1] for line in climbed.stdout.splitlines() if line.startswith("| temperature")]
+    assert [r[0].strip().split()[1] != "0" for r in climb_rows] == [True, False], climbed.stdout  # switch's, then 0
+    assert "(switch)" in climb_rows[0][0]
+    for row in climb_rows:
+        drift, score = float(row[-2]), float(row[-1])
+        assert drift > 0.0 and 0.0 <= score <= 100.0   # 30 Adam steps move the actor; the eval ran
     empty = subprocess.run([sys.executable, str(REPO / "benchmarks" / "critic_probe.py"), str(tmp_path / "pre")],
                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert empty.returncode != 0 and "checkpoint.every=N" in empty.stderr
@@ -226,6 +236,9 @@ def test_critic_probe_reads_an_online_runs_checkpoints_and_its_pretrained_critic
                                cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert not_a_run.returncode != 0 and not_a_run.stderr.strip().splitlines() == [
         f"critic_probe: {tmp_path} has no .hydra/config.yaml: pass the directory of a run written by embodied.train"]
+    no_switch = subprocess.run([sys.executable, str(REPO / "benchmarks" / "critic_probe.py"), str(tmp_path / "pre"),
+                                "--climb", "5"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert no_switch.returncode != 0 and "--climb needs a run started with pretrained=" in no_switch.stderr
 
 
 def test_expert_returns_rolls_out_a_committed_snapshot(run_benchmark):
