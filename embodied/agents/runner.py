@@ -275,7 +275,8 @@ class Runner:
             metrics["switch/mc_return_mean"] = float(np.mean(result.mc_returns))
         if self.pretrained_actor is not None and len(self.online_buffer) > 0:
             probe = 256 if is_chunked(self.agent) else 1024  # generative samplers cost tens of network calls
-            states = self.online_buffer.sample(min(probe, len(self.online_buffer)))["observations"]
+            states = self.online_buffer.sample(min(probe, len(self.online_buffer)),
+                                               rng=np.random.default_rng([self.cfg.seed, total_step]))["observations"]
             with torch.no_grad():
                 now = self.agent.actor.act(states, deterministic=True)[:, 0, :]
                 before = self.pretrained_actor.act(states, deterministic=True)[:, 0, :]

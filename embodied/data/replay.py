@@ -106,15 +106,16 @@ class ReplayBuffer:
         self.next_episode = int(ids[-1]) + 1
 
     # ----------------------------------------------------------------------------- sampling
-    def _start_indices(self, batch_size: int) -> np.ndarray:
+    def _start_indices(self, batch_size: int, rng: np.random.Generator | None = None) -> np.ndarray:
         if self.size == 0:
             raise ValueError("cannot sample from an empty replay buffer: add transitions or a dataset first")
-        return self.rng.integers(0, self.size, size=batch_size)
+        return (self.rng if rng is None else rng).integers(0, self.size, size=batch_size)
 
-    def sample(self, batch_size: int) -> dict[str, np.ndarray]:
+    def sample(self, batch_size: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
         """Uniform transitions: observations [B,obs], actions [B,A], rewards/terminals/timeouts [B]
-        (and mc_returns [B] when any were stored)."""
-        idx = self._start_indices(batch_size)
+        (and mc_returns [B] when any were stored). `rng`: a diagnostic's own stream, so that reading the
+        replay leaves the training sampler's draws as they were."""
+        idx = self._start_indices(batch_size, rng)
         batch = {key: getattr(self, key)[idx].astype(np.float32) for key in TRANSITION_KEYS}
         if self.has_mc_returns:
             batch["mc_returns"] = self.mc_returns[idx]

@@ -140,6 +140,20 @@ def test_every_eval_uses_the_same_start_states(dataset, tmp_path):
 
 
 @pytest.mark.slow
+def test_the_eval_schedule_leaves_training_unchanged(dataset, tmp_path):
+    """An eval's action-distance probe reads the online replay with its own stream (before: it drew from the
+    training sampler's, so runs that differed only in eval.every_online trained on different batches)."""
+    actors = []
+    for every in (10, 60):
+        runner = Runner(small(warmup_steps=10, eval_every_online=every), dataset, tmp_path / str(every),
+                        CountingLogger(), progress=False)
+        runner.run()
+        assert len([r for r in runner.eval_history if r["phase"] == "online"]) >= (6 if every == 10 else 2)
+        actors.append(torch.cat([p.detach().flatten() for p in runner.agent.actor.parameters()]))
+    assert torch.equal(actors[0], actors[1])
+
+
+@pytest.mark.slow
 def test_calql_fine_tuning_defers_the_updates_of_its_first_episode(dataset, tmp_path):
     """Before: Cal-QL `same` added transitions at episode end and skipped the first episode's updates."""
     runner = Runner(small(online_algo="same", offline_ratio=0.5, online_steps=400, eval_every_online=400, utd=2),
