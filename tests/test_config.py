@@ -89,6 +89,16 @@ def test_wsrl_preset_is_the_official_recipe():
     assert agents.make_config("cql", hopper.offline_agent).critic_hidden == (256, 256)
 
 
+def test_only_the_main_job_resets_the_temperature_at_the_switch():
+    """The main job's one departure that is not a count (RESULTS.md, "The main job"): its WSRL resets the
+    temperature; the recipe, the o2o experiments and a user's override keep their own."""
+    assert runner_config(compose_train([])).switch_temperature == "reset"
+    assert runner_config(compose_train(["algo=naive"])).switch_temperature == "reset"
+    for overrides in (["~experiment"], ["experiment=o2o_hopper"], ["experiment=o2o_pointmaze"],
+                      ["algo.switch_temperature=keep"], ["env.recipe.switch_temperature=keep"]):
+        assert runner_config(compose_train(["algo=wsrl", *overrides])).switch_temperature == "keep", overrides
+
+
 def test_presets_leave_bf16_on_auto_and_a_forced_bf16_warns_on_an_avx2_cpu():
     """Before: the o2o presets forced bf16, which is ~15x slower on a CPU without native bf16."""
     for experiment in ("o2o_hopper", "o2o_pointmaze", "o2o_cube_single", "o2o_cube_double", "default"):
