@@ -118,8 +118,11 @@ def main() -> None:
         rest = rest.replace(f",{name},", ",", 1)
     if rest.strip(","):
         parser.error(f"--variants: unknown {rest.strip(',')!r}; known: {'; '.join(VARIANTS)}")
+    # the reference is WSRL's recipe: the main job's temperature reset (a departure, conf/experiment/default.yaml)
+    # is put back to WSRL's `keep`, so "temperature reset to 0.05" stays a variant there too
     base = (["experiment=smoke", "env=pointmaze-umaze", "dataset=medium-replay"] if args.quick
-            else [f"experiment={args.experiment}"]) + ["algo=wsrl", "threads=1", "progress=false", *args.overrides]
+            else [f"experiment={args.experiment}"]) + ["algo=wsrl", "env.recipe.switch_temperature=keep",
+                                                        "threads=1", "progress=false", *args.overrides]
     online_steps = compose_train(base).budget.online_steps
     too_long = [name for name in chosen for o in VARIANTS[name]
                 if o.startswith("budget.warmup_steps=") and int(o.split("=")[1]) >= online_steps]
