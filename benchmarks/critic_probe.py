@@ -131,6 +131,13 @@ def probe_run(argv=None) -> None:
                          f"written by embodied.train")
     cfg = read_saved_run(args.run_dir)[0]   # the config the run was started with, not today's presets
     rcfg = runner_config(cfg)
+    for name in args.climb_temperatures.split(","):
+        try:
+            if name != "switch" and float(name) < 0:
+                raise ValueError
+        except ValueError:
+            raise SystemExit(f"critic_probe: --climb-temperatures: {name!r} is neither 'switch' nor a number >= 0; "
+                             f"pass e.g. switch,0.1,0") from None
     if args.climb and not cfg.get("pretrained"):
         raise SystemExit(f"critic_probe: --climb needs a run started with pretrained=<run>; {args.run_dir} was not")
     checkpoints = find_checkpoints(args.run_dir)

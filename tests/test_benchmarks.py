@@ -239,6 +239,11 @@ def test_critic_probe_reads_an_online_runs_checkpoints_and_its_pretrained_critic
     no_switch = subprocess.run([sys.executable, str(REPO / "benchmarks" / "critic_probe.py"), str(tmp_path / "pre"),
                                 "--climb", "5"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert no_switch.returncode != 0 and "--climb needs a run started with pretrained=" in no_switch.stderr
+    bad = subprocess.run([sys.executable, str(REPO / "benchmarks" / "critic_probe.py"), str(tmp_path / "online"),
+                          "--climb", "5", "--climb-temperatures", "switch,hot"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert bad.returncode != 0 and bad.stderr.strip().splitlines() == [
+        "critic_probe: --climb-temperatures: 'hot' is neither 'switch' nor a number >= 0; pass e.g. switch,0.1,0"]
 
 
 def test_expert_returns_rolls_out_a_committed_snapshot(run_benchmark):
