@@ -36,7 +36,6 @@ from embodied.agents.runner import Runner  # noqa: E402
 from embodied.checkpoints import find_checkpoints  # noqa: E402
 from embodied.config_check import read_saved_run  # noqa: E402
 from embodied.errors import UserError  # noqa: E402
-from embodied.evaluation import evaluate  # noqa: E402
 from embodied.logging import RunLogger  # noqa: E402
 from embodied.run_config import runner_config  # noqa: E402
 from embodied.train import load_dataset  # noqa: E402
@@ -90,20 +89,33 @@ def climb(agent, states: torch.Tensor, steps: int, temperature: float, generator
     return actor.requires_grad_(False)
 
 
+def climb_temperatures(text: str) -> list[float | None]:
+    """--climb-temperatures, parsed: None for 'switch' (the pretrained temperature), else a number >= 0."""
+    parsed = []
+    for name in text.split(","):
+        try:
+            value = None if name == "switch" else float(name)
+        except ValueError:
+            value = -1.0
+        if value is not None and value < 0:
+            raise SystemExit(f"critic_probe: --climb-temperatures: {name!r} is neither 'switch' nor a number >= 0; "
+                             f"pass e.g. switch,0.1,0")
+        parsed.append(value)
+    return parsed
+
+
 def climb_rows(runner, agent, data_states: torch.Tensor, probe_states: torch.Tensor, steps: int,
-               temperatures: list[str], stream) -> list[tuple]:
-    """One row per temperature: the climbed actor's probe on the online states and its eval score."""
+               temperatures: list[float | None], stream) -> list[tuple]:
+    """One row per temperature (None: the switch's): the climbed actor's probe on the online states and its
+    score on the run's eval episodes."""
     rows = []
-    for i, name in enumerate(temperatures):
-        temperature = float(agent.alpha()) if name == "switch" else float(name)
+    for i, value in enumerate(temperatures):
+        temperature = float(agent.alpha()) if value is None else value
         actor = climb(agent, data_states, steps, temperature, stream(-10 - i))
         row = probe(agent, agent.actor, probe_states, stream(-4), actor=actor)
-        act = lambda states, actor=actor: actor.act(states, deterministic=True)[:, 0, :]
-        result = evaluate(runner.cfg.env, act, runner.cfg.eval_episodes, seed=runner._eval_seed(),
-                          gamma=runner.cfg.gamma, reward_transform=runner.rewards, env_kwargs=runner.cfg.env_options)
-        metrics = result.metrics()
+        metrics = runner.run_eval_episodes(lambda states: actor.act(states, deterministic=True)[:, 0, :]).metrics()
         row["eval"] = metrics.get("eval/success", metrics["eval/score"])
-        rows.append((f"temperature {temperature:.3g}" + (" (switch)" if name == "switch" else ""), row))
+        rows.append((f"temperature {temperature:.3g}" + (" (switch)" if value is None else ""), row))
     return rows
 
 
@@ -131,13 +143,7 @@ def probe_run(argv=None) -> None:
                          f"written by embodied.train")
     cfg = read_saved_run(args.run_dir)[0]   # the config the run was started with, not today's presets
     rcfg = runner_config(cfg)
-    for name in args.climb_temperatures.split(","):
-        try:
-            if name != "switch" and float(name) < 0:
-                raise ValueError
-        except ValueError:
-            raise SystemExit(f"critic_probe: --climb-temperatures: {name!r} is neither 'switch' nor a number >= 0; "
-                             f"pass e.g. switch,0.1,0") from None
+    temperatures = climb_temperatures(args.climb_temperatures)
     if args.climb and not cfg.get("pretrained"):
         raise SystemExit(f"critic_probe: --climb needs a run started with pretrained=<run>; {args.run_dir} was not")
     checkpoints = find_checkpoints(args.run_dir)
@@ -183,8 +189,7 @@ def probe_run(argv=None) -> None:
                 rows.append(("switch, dataset states", None,
                              probe(switch_agent, switch_agent.actor, data_states, stream(-3))))
                 if args.climb:
-                    climbed = climb_rows(switch, switch_agent, data_states, obs, args.climb,
-                                         args.climb_temperatures.split(","), stream)
+                    climbed = climb_rows(switch, switch_agent, data_states, obs, args.climb, temperatures, stream)
         reference = runner.pretrained_actor if runner.pretrained_actor is not None else runner.agent.actor
         rows.append((path.name, runner.online_step, probe(runner.agent, reference, obs, stream(runner.online_step))))
     if not rows:

@@ -38,7 +38,7 @@ from embodied.data.dataset import Dataset
 from embodied.data.replay import MixedReplay, ReplayBuffer
 from embodied.data.rewards import RewardTransform
 from embodied.errors import CheckpointError, ConfigError
-from embodied.evaluation import ChunkActor, evaluate, record_video
+from embodied.evaluation import ChunkActor, EvalResult, evaluate, record_video
 from sims.source import EnvSource
 from embodied.stats import DIP_WINDOW_FRACTION, post_switch_dip
 from policies.base import STATE_KEY
@@ -255,17 +255,21 @@ class Runner:
             if callable(reset):
                 reset()
 
-    def evaluate(self, step: int, total_step: int) -> dict:
-        cfg = self.cfg
-        self._new_episode()  # eval episodes start fresh; the online episode it interrupts restarts its plan too
-        seed = self._eval_seed()
+    def run_eval_episodes(self, step_policy=None) -> EvalResult:
+        """The eval's episodes from its fixed start states, acted by the agent, or by `step_policy`
+        ([B, obs] -> [B, A]: a diagnostic's policy, as `benchmarks/critic_probe.py --climb` passes)."""
+        cfg, seed = self.cfg, self._eval_seed()
         obs_horizon, execute_horizon = self._horizons()
-        chunked = is_chunked(self.agent)
-        result = evaluate(cfg.env, None if chunked else self._deterministic, cfg.eval_episodes, seed=seed,
-                          gamma=cfg.gamma, reward_transform=self.rewards,
-                          chunk_policy=self._chunk_fn(seed) if chunked else None, obs_horizon=obs_horizon,
-                          execute_horizon=execute_horizon, max_envs=CHUNK_EVAL_ENVS if chunked else None,
-                          env_kwargs=cfg.env_options)
+        chunked = step_policy is None and is_chunked(self.agent)
+        step_policy = step_policy or (None if chunked else self._deterministic)
+        return evaluate(cfg.env, step_policy, cfg.eval_episodes, seed=seed, gamma=cfg.gamma,
+                        reward_transform=self.rewards, chunk_policy=self._chunk_fn(seed) if chunked else None,
+                        obs_horizon=obs_horizon, execute_horizon=execute_horizon,
+                        max_envs=CHUNK_EVAL_ENVS if chunked else None, env_kwargs=cfg.env_options)
+
+    def evaluate(self, step: int, total_step: int) -> dict:
+        self._new_episode()  # eval episodes start fresh; the online episode it interrupts restarts its plan too
+        result = self.run_eval_episodes()
         metrics = result.metrics()
         critic = getattr(self.agent, "critic", None)
         if critic is not None and self.phase == "online" and not is_chunked(self.agent):
