@@ -31,7 +31,7 @@ step() {  # step NAME CMD...: run, log, remember a failure, go on
 }
 step machine bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null; \
   $PY -c 'import torch; print(\"torch\", torch.__version__, \"cuda\", torch.cuda.is_available())'"
-step "cuda tests" "$PY" -m pytest -q -p no:cacheprovider tests/policies/test_mlp.py tests/test_train.py -k cuda
+step "cuda tests" "$PY" -m pytest -q -p no:cacheprovider tests/policies/test_mlp.py tests/test_train.py tests/agents/test_agents_sac.py -k cuda
 step "update speed" "$PY" benchmarks/update_speed.py --device "$DEVICE" --rounds 3 --seconds 1 --compile --out "$OUT" $QUICK
 step "policy latency" "$PY" benchmarks/policy_latency.py --device "$DEVICE" --rounds 3 --compile --out "$OUT" $QUICK
 echo "== done, exit status $status" | tee -a "$log"

@@ -239,6 +239,45 @@ def build(quick: bool, compile_agent: bool = False, device: str = "cpu") -> tupl
     return contenders, skipped
 
 
+def native_ops(run, native: bool):
+    """`run` with EnsembleMLP's torch-native LayerNorm and bmm head (True) or its faster equivalents (False)."""
+    from embodied.agents.nets import EnsembleMLP
+
+    def timed(k: int) -> None:
+        EnsembleMLP.native_ops = native
+        try:
+            run(k)
+        finally:
+            EnsembleMLP.native_ops = False
+    return timed
+
+
+def build_layernorm_path(device: str = "cpu") -> dict:
+    """CQL with LayerNorm critics, each with EnsembleMLP's CPU LayerNorm and multiply-and-sum Q head against
+    torch's layer_norm and a one-column bmm: at Hopper sizes (WSRL's locomotion critic, 2 x 256) and with the
+    main job's own agent config (2 x 64, obs 4, act 1, composed from `conf/experiment/default.yaml`)."""
+    from embodied import agents
+    from embodied.run_config import runner_config
+    from embodied.train import compose_train
+
+    rcfg = runner_config(compose_train(["bf16=false"]))
+    main_obs, main_act = 4, 1  # InvertedPendulum-v5
+    g = torch.Generator().manual_seed(0)
+    main_pool = dict(observations=torch.randn(POOL, main_obs, generator=g),
+                     actions=torch.rand(POOL, main_act, generator=g) * 2 - 1, rewards=torch.randn(POOL, generator=g),
+                     next_observations=torch.randn(POOL, main_obs, generator=g), terminals=torch.zeros(POOL),
+                     mc_returns=torch.randn(POOL, generator=g) * 10)
+    main_pool = {key: value.to(device) for key, value in main_pool.items()}
+    hopper = CQLConfig(hidden=HIDDEN, num_critics=2, critic_layernorm=True)
+    contenders = {}
+    for native, tag in ((False, "ours"), (True, "torch-native")):
+        contenders[f"CQL+LN Hopper sizes, {tag}"] = native_ops(ours(CQL(OBS, ACT, hopper, device=device, seed=0),
+                                                                    _pool(device=device)), native)
+        main_agent = agents.make(rcfg.offline_algo, main_obs, main_act, rcfg.offline_agent, device, 0)
+        contenders[f"main job CQL, {tag}"] = native_ops(ours(main_agent, main_pool), native)
+    return contenders
+
+
 def measure(contenders: dict, rounds: int, seconds: float, warmup: int, clock=time.perf_counter,
             sync=lambda: None) -> dict[str, list[float]]:
     """`sync` waits for queued device work (CUDA) before the clock is read."""
@@ -275,6 +314,9 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also time our fp32 SAC update under torch.compile")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]: every contender runs there (wall clock on CUDA)")
+    parser.add_argument("--layernorm-path", action="store_true",
+                        help="only time LayerNorm-critic CQL (Hopper sizes and the main job's) with our CPU LayerNorm "
+                             "and Q head against torch's layer_norm and bmm head")
     args = parser.parse_args()
     cuda = args.device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
@@ -286,6 +328,8 @@ def main() -> None:
     if args.quick:
         args.rounds, args.seconds = 1, 0.05
     torch.set_num_threads(args.threads)
+    if args.layernorm_path:
+        return layernorm_path(args)
     contenders, skipped = build(args.quick, args.compile, args.device)
     torch.set_num_threads(args.threads)  # peers' constructors must not change it
     load_before = os.getloadavg()
@@ -353,6 +397,38 @@ def main() -> None:
             load_avg=[load_before, os.getloadavg()], rates=rates, median=median, skipped=skipped, goals=goals,
             flops=dict(sac2=update_flops(2), sb3_sac=sb3_sac_flops(), sac10=update_flops(10), cql2=update_flops(2, 10), predicted_ratio=predicted)),
             indent=2))
+        print(f"wrote {path}")
+
+
+def layernorm_path(args) -> None:
+    contenders = build_layernorm_path(args.device)
+    cuda = args.device.startswith("cuda")
+    load_before = os.getloadavg()
+    rates = measure(contenders, args.rounds, args.seconds, warmup=1 if args.quick else 5,
+                    clock=time.perf_counter if args.clock == "wall" else time.process_time,
+                    sync=torch.cuda.synchronize if cuda else (lambda: None))
+    where = torch.cuda.get_device_name(args.device) if cuda else f"{args.threads} threads"
+    median = {name: statistics.median(v) for name, v in rates.items()}
+    print(f"\nupdates per {args.clock}-clock second, {where}, median of {args.rounds} interleaved rounds, "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, load avg {load_before[0]:.2f} -> "
+          f"{os.getloadavg()[0]:.2f}")
+    for name, values in rates.items():
+        print(f"{name:40s} {median[name]:8.1f} {max(values):8.1f} {min(values):8.1f}")
+    speedups = {}
+    for size in ("CQL+LN Hopper sizes", "main job CQL"):
+        ours_rates, native_rates = rates[f"{size}, ours"], rates[f"{size}, torch-native"]
+        speedups[size] = statistics.median(a / b for a, b in zip(ours_rates, native_rates))
+        print(f"  {size}: ours / torch-native = {speedups[size]:.2f}x (median of per-round ratios)")
+    if not args.quick:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        tag = "cuda" if cuda else f"{args.threads}thr"
+        path = out / f"update_speed-layernorm-{tag}-{args.clock}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        path.write_text(json.dumps(dict(
+            config=dict(threads=args.threads, rounds=args.rounds, seconds=args.seconds, clock=args.clock,
+                        device=where, omp_wait_policy=os.environ.get("OMP_WAIT_POLICY")),
+            torch=torch.__version__, cpu=cpu_info(), load_avg=[load_before, os.getloadavg()], rates=rates,
+            median=median, speedup=speedups), indent=2))
         print(f"wrote {path}")
 
 

@@ -29,6 +29,14 @@ def test_update_speed_quick(tmp_path, run_benchmark):
     assert not list(tmp_path.glob("update_speed-*.json"))  # a smoke run never overwrites real results
 
 
+def test_update_speed_layernorm_path_quick(tmp_path, run_benchmark):
+    result = run_benchmark("update_speed.py", "--quick", "--layernorm-path", "--threads", "1", "--out", str(tmp_path))
+    for size in ("CQL+LN Hopper sizes", "main job CQL"):
+        assert f"{size}, ours" in result.stdout and f"{size}, torch-native" in result.stdout
+        assert f"  {size}: ours / torch-native = " in result.stdout
+    assert not list(tmp_path.glob("update_speed-*.json"))
+
+
 def test_bf16_check_quick(tmp_path, run_benchmark):
     run_benchmark("bf16_check.py", "--steps", "300", "--random-steps", "200", "--seeds", "1", "--batch-size", "32",
            "--eval-episodes", "1", "--threads", "1", "--out", str(tmp_path))

@@ -19,7 +19,10 @@ class EnsembleMLP(nn.Module):
     """N independent MLPs evaluated as one batched matmul per layer (no Python loop over members).
 
     Weights are [N, in, out]; inputs [B, in] are shared by all members, [N, B, in] are per-member.
+    `native_ops = True` runs torch's layer_norm and a one-column bmm for the head instead of the faster
+    equivalents below: the reference that tests and `benchmarks/update_speed.py --layernorm-path` compare with.
     """
+    native_ops = False
 
     def __init__(self, num_members: int, in_dim: int, hidden: tuple[int, ...], out_dim: int,
                  layernorm: bool = False, kernel_scale_final: float | None = None):
@@ -59,6 +62,10 @@ class EnsembleMLP(nn.Module):
             x = x.unsqueeze(0).expand(weights[0].shape[0], -1, -1)
         last = len(weights) - 1
         for i, (weight, bias) in enumerate(zip(weights, biases)):
+            if i == last and weight.shape[-1] == 1 and self._fp32_fast(x):
+                # one output (a Q or V head): multiply and sum. A one-column bmm and its backward (a rank-1
+                # bmm) took 3x as long on CPU at 7,936 rows x 64 (benchmarks/RESULTS.md, "The main job")
+                return (x * weight.transpose(1, 2)).sum(-1, keepdim=True).add_(bias)
             # bmm then an in-place bias add, not baddbmm: under bf16 autocast baddbmm first materialises
             # the broadcast bias in the output (bf16 CQL / d3rlpy 3.01x -> 3.06x, benchmarks/RESULTS.md)
             x = torch.bmm(x, weight)
@@ -66,10 +73,44 @@ class EnsembleMLP(nn.Module):
             if i < last:
                 if self.layernorm:  # statistics in fp32 (autocast's rule); affine in the matmul dtype
                     dtype = x.dtype
-                    x = F.layer_norm(x, x.shape[-1:]).to(dtype)
+                    x = layer_norm_last_dim(x) if self._fp32_fast(x) else F.layer_norm(x, x.shape[-1:]).to(dtype)
                     x = torch.addcmul(ln_biases[i].to(dtype), x, ln_weights[i].to(dtype))
                 x = torch.relu_(x)  # in place: neither bmm's, add_'s nor addcmul's backward needs its output
         return x
+
+
+    def _fp32_fast(self, x: torch.Tensor) -> bool:
+        """The faster LayerNorm and Q head are for fp32; under bf16 autocast torch's own ops are faster."""
+        return x.dtype == torch.float32 and not self.native_ops
+
+
+class _LayerNormLastDim(torch.autograd.Function):
+    """LayerNorm over the last dim, without affine parameters, for CPU tensors.
+
+    torch's CPU layer_norm kernel took 2.3x as long as these five elementwise ops at width 64 (7,936 rows x 2
+    members; benchmarks/RESULTS.md, "The main job"). The backward is torch's own kernel."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, eps: float) -> torch.Tensor:
+        mean = x.mean(-1, keepdim=True)
+        centered = x - mean
+        rstd = centered.square().mean(-1, keepdim=True).add_(eps).rsqrt_()
+        ctx.save_for_backward(x, mean, rstd)
+        return centered.mul_(rstd)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, mean, rstd = ctx.saved_tensors
+        grad_x, _, _ = torch.ops.aten.native_layer_norm_backward(
+            grad.contiguous(), x, x.shape[-1:], mean, rstd, None, None, [True, False, False])
+        return grad_x, None
+
+
+def layer_norm_last_dim(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """F.layer_norm(x, x.shape[-1:]) with no affine; on CPU the faster equivalent above."""
+    if x.device.type == "cpu":
+        return _LayerNormLastDim.apply(x, eps)
+    return F.layer_norm(x, x.shape[-1:], eps=eps)
 
 
 class CriticEnsemble(nn.Module):

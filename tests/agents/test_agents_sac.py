@@ -9,7 +9,7 @@ from torch import nn
 from embodied.agents.bc import BC, BCConfig
 from embodied.agents.cql import CQL, CQLConfig
 from embodied.agents.iql import IQL, IQLConfig
-from embodied.agents.nets import EnsembleMLP
+from embodied.agents.nets import CriticEnsemble, EnsembleMLP, layer_norm_last_dim
 from embodied.agents.sac import SAC, SACConfig
 
 
@@ -22,9 +22,10 @@ def _batch(obs_dim=3, act_dim=2, size=16, seed=0):
 
 
 @pytest.mark.parametrize("layernorm", [False, True])
-def test_ensemble_equals_loop_of_separate_mlps(layernorm):
+@pytest.mark.parametrize("out_dim", [2, 1])  # 1: a Q head, computed as multiply-and-sum instead of a matmul
+def test_ensemble_equals_loop_of_separate_mlps(layernorm, out_dim):
     torch.manual_seed(0)
-    members, dims = 3, (5, 7, 6, 2)
+    members, dims = 3, (5, 7, 6, out_dim)
     ens = EnsembleMLP(members, dims[0], dims[1:-1], dims[-1], layernorm)
     with torch.no_grad():  # non-trivial LayerNorm affine parameters
         for p in [*ens.ln_weights, *ens.ln_biases]:
@@ -54,12 +55,61 @@ def test_ensemble_equals_loop_of_separate_mlps(layernorm):
     torch.testing.assert_close(ens(shared), expected_shared, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ens(per_member), torch.stack([mlp(x) for mlp, x in zip(mlps, per_member)]),
                                rtol=1e-5, atol=1e-5)
-    # gradients too: each member's weights get exactly its own MLP's gradient
+    # gradients too: each member's weights get exactly its own MLP's gradient, and the input its sum
+    shared.requires_grad_(True)
     ens(shared).square().sum().backward()
-    expected_shared.square().sum().backward()
+    ens_input_grad, shared.grad = shared.grad, None
+    torch.stack([mlp(shared) for mlp in mlps]).square().sum().backward()
+    torch.testing.assert_close(ens_input_grad, shared.grad, rtol=1e-4, atol=1e-5)
     for m, mlp in enumerate(mlps):
-        torch.testing.assert_close(ens.weights[0].grad[m], mlp[0].weight.grad.T, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(ens.biases[-1].grad[m, 0], mlp[-1].bias.grad, rtol=1e-4, atol=1e-5)
+        linears = [layer for layer in mlp if isinstance(layer, nn.Linear)]
+        norms = [layer for layer in mlp if isinstance(layer, nn.LayerNorm)]
+        for weight, bias, linear in zip(ens.weights, ens.biases, linears):
+            torch.testing.assert_close(weight.grad[m], linear.weight.grad.T, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(bias.grad[m, 0], linear.bias.grad, rtol=1e-4, atol=1e-5)
+        for weight, bias, norm in zip(ens.ln_weights, ens.ln_biases, norms):
+            torch.testing.assert_close(weight.grad[m, 0], norm.weight.grad, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(bias.grad[m, 0], norm.bias.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("device,autocast", [("cpu", False), ("cpu", True), ("cuda", False)])
+def test_layernorm_critic_matches_torch_native_ops(device, autocast, monkeypatch):
+    """The CPU LayerNorm and the multiply-and-sum Q head give torch's layer_norm + bmm values and gradients."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device (benchmarks/gpu_check.sh)")
+    torch.manual_seed(0)
+    critic = CriticEnsemble(4, 1, (64, 64), num_critics=2, layernorm=True, kernel_scale_final=0.01).to(device)
+    with torch.no_grad():
+        for p in [*critic.net.ln_weights, *critic.net.ln_biases]:
+            p.add_(torch.randn_like(p) * 0.3)
+    obs = (torch.randn(310, 4) * 3 + 1).to(device)
+    act = (torch.rand(310, 1) * 2 - 1).to(device).requires_grad_(True)
+
+    def values_and_grads():
+        critic.zero_grad(set_to_none=True)
+        act.grad = None
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+            q = critic(obs, act)
+        q.float().square().sum().backward()
+        return q, [act.grad, *(p.grad for p in critic.parameters())]
+
+    q, grads = values_and_grads()
+    monkeypatch.setattr(EnsembleMLP, "native_ops", True)
+    q_native, grads_native = values_and_grads()
+    assert q.dtype == q_native.dtype == (torch.bfloat16 if autocast else torch.float32)
+    tol = dict(rtol=2e-2, atol=2e-2) if autocast else dict(rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(q, q_native, **tol)
+    for got, want in zip(grads, grads_native):
+        torch.testing.assert_close(got, want, **tol)
+
+
+def test_cpu_layer_norm_matches_torch_layer_norm():
+    x = (torch.randn(2, 33, 64, dtype=torch.float64) * 5 + 3).requires_grad_(True)
+    grad_out = torch.randn_like(x)
+    torch.testing.assert_close(layer_norm_last_dim(x), nn.functional.layer_norm(x, (64,)))
+    (got,) = torch.autograd.grad(layer_norm_last_dim(x), x, grad_out)
+    (want,) = torch.autograd.grad(nn.functional.layer_norm(x, (64,)), x, grad_out)
+    torch.testing.assert_close(got, want)
 
 
 def test_min_over_random_subset_of_size_k():
