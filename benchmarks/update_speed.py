@@ -332,12 +332,7 @@ def main() -> None:
         return layernorm_path(args)
     contenders, skipped = build(args.quick, args.compile, args.device)
     torch.set_num_threads(args.threads)  # peers' constructors must not change it
-    load_before = os.getloadavg()
-    clock = time.perf_counter if args.clock == "wall" else time.process_time
-    rates = measure(contenders, args.rounds, args.seconds, warmup=1 if args.quick else 5, clock=clock,
-                    sync=torch.cuda.synchronize if cuda else (lambda: None))
-    where = torch.cuda.get_device_name(args.device) if cuda else f"{args.threads} threads"
-    median = {name: statistics.median(v) for name, v in rates.items()}
+    rates, median, where, load_before = measure_all(contenders, args)
 
     print(f"\nupdates per {args.clock}-clock second, batch {BATCH}, {HIDDEN} MLPs, obs {OBS}, act {ACT}, {where}, "
           f"median of {args.rounds} interleaved rounds, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
@@ -400,15 +395,20 @@ def main() -> None:
         print(f"wrote {path}")
 
 
-def layernorm_path(args) -> None:
-    contenders = build_layernorm_path(args.device)
+def measure_all(contenders: dict, args) -> tuple[dict, dict, str, tuple]:
+    """`measure` with the command line's rounds, clock and device: (rates, medians, where, load before)."""
     cuda = args.device.startswith("cuda")
     load_before = os.getloadavg()
     rates = measure(contenders, args.rounds, args.seconds, warmup=1 if args.quick else 5,
                     clock=time.perf_counter if args.clock == "wall" else time.process_time,
                     sync=torch.cuda.synchronize if cuda else (lambda: None))
     where = torch.cuda.get_device_name(args.device) if cuda else f"{args.threads} threads"
-    median = {name: statistics.median(v) for name, v in rates.items()}
+    return rates, {name: statistics.median(v) for name, v in rates.items()}, where, load_before
+
+
+def layernorm_path(args) -> None:
+    cuda = args.device.startswith("cuda")
+    rates, median, where, load_before = measure_all(build_layernorm_path(args.device), args)
     print(f"\nupdates per {args.clock}-clock second, {where}, median of {args.rounds} interleaved rounds, "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, load avg {load_before[0]:.2f} -> "
           f"{os.getloadavg()[0]:.2f}")
