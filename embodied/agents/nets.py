@@ -64,7 +64,7 @@ class EnsembleMLP(nn.Module):
         for i, (weight, bias) in enumerate(zip(weights, biases)):
             if i == last and weight.shape[-1] == 1 and self._fp32_fast(x):
                 # one output (a Q or V head): multiply and sum. A one-column bmm and its backward (a rank-1
-                # bmm) took 3x as long on CPU at 7,936 rows x 64 (benchmarks/RESULTS.md, "The main job")
+                # bmm) took 3x as long on CPU at 7,936 rows x 64 (benchmarks/RESULTS.md, "The main job's time")
                 return (x * weight.transpose(1, 2)).sum(-1, keepdim=True).add_(bias)
             # bmm then an in-place bias add, not baddbmm: under bf16 autocast baddbmm first materialises
             # the broadcast bias in the output (bf16 CQL / d3rlpy 3.01x -> 3.06x, benchmarks/RESULTS.md)
@@ -78,17 +78,17 @@ class EnsembleMLP(nn.Module):
                 x = torch.relu_(x)  # in place: neither bmm's, add_'s nor addcmul's backward needs its output
         return x
 
-
     def _fp32_fast(self, x: torch.Tensor) -> bool:
-        """The faster LayerNorm and Q head are for fp32; under bf16 autocast torch's own ops are faster."""
-        return x.dtype == torch.float32 and not self.native_ops
+        """The faster LayerNorm and Q head are for fp32 outside autocast; under bf16 autocast torch's own ops
+        were faster (benchmarks/RESULTS.md, "The main job's time")."""
+        return x.dtype == torch.float32 and not self.native_ops and not torch.is_autocast_enabled(x.device.type)
 
 
 class _LayerNormLastDim(torch.autograd.Function):
     """LayerNorm over the last dim, without affine parameters, for CPU tensors.
 
     torch's CPU layer_norm kernel took 2.3x as long as these five elementwise ops at width 64 (7,936 rows x 2
-    members; benchmarks/RESULTS.md, "The main job"). The backward is torch's own kernel."""
+    members; benchmarks/RESULTS.md, "The main job's time"). The backward is torch's own kernel."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, eps: float) -> torch.Tensor:
