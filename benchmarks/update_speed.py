@@ -381,18 +381,23 @@ def main() -> None:
           f"SB3 SAC {sb3_sac_flops() / 1e9:.2f} G, so at equal matmul efficiency ours fp32 / SB3 = "
           f"{sb3_sac_flops() / update_flops(2):.2f}x")
 
-    if not args.quick:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        tag = "cuda" if cuda else f"{args.threads}thr"
-        path = out / f"update_speed-{tag}-{args.clock}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        path.write_text(json.dumps(dict(
-            config=dict(batch=BATCH, hidden=HIDDEN, obs_dim=OBS, act_dim=ACT, threads=args.threads, rounds=args.rounds,
-                        seconds=args.seconds, clock=args.clock, device=where, omp_wait_policy=os.environ.get("OMP_WAIT_POLICY")), torch=torch.__version__, machine=platform.processor() or platform.machine(), cpu=cpu_info(),
-            load_avg=[load_before, os.getloadavg()], rates=rates, median=median, skipped=skipped, goals=goals,
-            flops=dict(sac2=update_flops(2), sb3_sac=sb3_sac_flops(), sac10=update_flops(10), cql2=update_flops(2, 10), predicted_ratio=predicted)),
-            indent=2))
-        print(f"wrote {path}")
+    write_result(args, "update_speed", dict(
+        config=dict(batch=BATCH, hidden=HIDDEN, obs_dim=OBS, act_dim=ACT, threads=args.threads, rounds=args.rounds,
+                    seconds=args.seconds, clock=args.clock, device=where, omp_wait_policy=os.environ.get("OMP_WAIT_POLICY")), torch=torch.__version__, machine=platform.processor() or platform.machine(), cpu=cpu_info(),
+        load_avg=[load_before, os.getloadavg()], rates=rates, median=median, skipped=skipped, goals=goals,
+        flops=dict(sac2=update_flops(2), sb3_sac=sb3_sac_flops(), sac10=update_flops(10), cql2=update_flops(2, 10), predicted_ratio=predicted)))
+
+
+def write_result(args, kind: str, record: dict) -> None:
+    """results/<kind>-<threads or cuda>-<clock>-<time>.json; a --quick smoke run writes nothing."""
+    if args.quick:
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = "cuda" if args.device.startswith("cuda") else f"{args.threads}thr"
+    path = out / f"{kind}-{tag}-{args.clock}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(record, indent=2))
+    print(f"wrote {path}")
 
 
 def measure_all(contenders: dict, args) -> tuple[dict, dict, str, tuple]:
@@ -407,7 +412,6 @@ def measure_all(contenders: dict, args) -> tuple[dict, dict, str, tuple]:
 
 
 def layernorm_path(args) -> None:
-    cuda = args.device.startswith("cuda")
     rates, median, where, load_before = measure_all(build_layernorm_path(args.device), args)
     print(f"\nupdates per {args.clock}-clock second, {where}, median of {args.rounds} interleaved rounds, "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, load avg {load_before[0]:.2f} -> "
@@ -419,17 +423,11 @@ def layernorm_path(args) -> None:
         ours_rates, native_rates = rates[f"{size}, ours"], rates[f"{size}, torch-native"]
         speedups[size] = statistics.median(a / b for a, b in zip(ours_rates, native_rates))
         print(f"  {size}: ours / torch-native = {speedups[size]:.2f}x (median of per-round ratios)")
-    if not args.quick:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        tag = "cuda" if cuda else f"{args.threads}thr"
-        path = out / f"update_speed-layernorm-{tag}-{args.clock}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        path.write_text(json.dumps(dict(
-            config=dict(threads=args.threads, rounds=args.rounds, seconds=args.seconds, clock=args.clock,
-                        device=where, omp_wait_policy=os.environ.get("OMP_WAIT_POLICY")),
-            torch=torch.__version__, cpu=cpu_info(), load_avg=[load_before, os.getloadavg()], rates=rates,
-            median=median, speedup=speedups), indent=2))
-        print(f"wrote {path}")
+    write_result(args, "update_speed-layernorm", dict(
+        config=dict(threads=args.threads, rounds=args.rounds, seconds=args.seconds, clock=args.clock,
+                    device=where, omp_wait_policy=os.environ.get("OMP_WAIT_POLICY")),
+        torch=torch.__version__, cpu=cpu_info(), load_avg=[load_before, os.getloadavg()], rates=rates,
+        median=median, speedup=speedups))
 
 
 if __name__ == "__main__":
