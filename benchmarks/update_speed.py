@@ -137,10 +137,11 @@ def matmul_floor(num_critics: int = 2, device: str = "cpu", cql_actions: int | N
     return run
 
 
-def _pool(seed: int = 0, device: str = "cpu") -> dict[str, torch.Tensor]:
+def _pool(seed: int = 0, device: str = "cpu", obs_dim: int = OBS, act_dim: int = ACT) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    pool = dict(observations=torch.randn(POOL, OBS, generator=g), actions=torch.rand(POOL, ACT, generator=g) * 2 - 1,
-                rewards=torch.randn(POOL, generator=g), next_observations=torch.randn(POOL, OBS, generator=g),
+    pool = dict(observations=torch.randn(POOL, obs_dim, generator=g),
+                actions=torch.rand(POOL, act_dim, generator=g) * 2 - 1,
+                rewards=torch.randn(POOL, generator=g), next_observations=torch.randn(POOL, obs_dim, generator=g),
                 terminals=(torch.rand(POOL, generator=g) < 0.01).float(), mc_returns=torch.randn(POOL, generator=g) * 10)
     return {key: value.to(device) for key, value in pool.items()}
 
@@ -262,17 +263,12 @@ def build_layernorm_path(device: str = "cpu") -> dict:
 
     rcfg = runner_config(compose_train(["bf16=false"]))
     main_obs, main_act = 4, 1  # InvertedPendulum-v5
-    g = torch.Generator().manual_seed(0)
-    main_pool = dict(observations=torch.randn(POOL, main_obs, generator=g),
-                     actions=torch.rand(POOL, main_act, generator=g) * 2 - 1, rewards=torch.randn(POOL, generator=g),
-                     next_observations=torch.randn(POOL, main_obs, generator=g), terminals=torch.zeros(POOL),
-                     mc_returns=torch.randn(POOL, generator=g) * 10)
-    main_pool = {key: value.to(device) for key, value in main_pool.items()}
+    hopper_pool, main_pool = _pool(device=device), _pool(device=device, obs_dim=main_obs, act_dim=main_act)
     hopper = CQLConfig(hidden=HIDDEN, num_critics=2, critic_layernorm=True)
     contenders = {}
     for native, tag in ((False, "ours"), (True, "torch-native")):
         contenders[f"CQL+LN Hopper sizes, {tag}"] = native_ops(ours(CQL(OBS, ACT, hopper, device=device, seed=0),
-                                                                    _pool(device=device)), native)
+                                                                    hopper_pool), native)
         main_agent = agents.make(rcfg.offline_algo, main_obs, main_act, rcfg.offline_agent, device, 0)
         contenders[f"main job CQL, {tag}"] = native_ops(ours(main_agent, main_pool), native)
     return contenders
