@@ -11,7 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+
+import policies
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow  # every test here runs a script in a subprocess
@@ -252,6 +256,30 @@ def test_critic_probe_reads_an_online_runs_checkpoints_and_its_pretrained_critic
                          text=True, timeout=300)
     assert bad.returncode != 0 and bad.stderr.strip().splitlines() == [
         "critic_probe: --climb-temperatures: 'hot' is neither 'switch' nor a number >= 0; pass e.g. switch,0.1,0"]
+
+
+def test_rollout_trace_shows_a_constant_push_driving_the_cart_and_tipping_the_pole(tmp_path, run_benchmark):
+    """A policy that always pushes right (mean action tanh(0.5)): the cart moves right and the pole tips back."""
+    policy = policies.make("gaussian", obs_dim=4, act_dim=1, hidden=[8])
+    torch.nn.init.zeros_(policy.net[-1].weight)
+    torch.nn.init.zeros_(policy.net[-1].bias)
+    policy.net[-1].bias.data[0] = 0.5   # the pre-tanh mean; the second output is the log-std
+    policy.save(tmp_path / "push")
+    out = run_benchmark("rollout_trace.py", str(tmp_path / "push"), "--env", "inverted-pendulum", "--episodes", "2",
+                        "--json", str(tmp_path / "trace.json")).stdout
+    assert out.strip().splitlines()[-1] == "inverted-pendulum, mean actions: 2 of 2 episodes terminated; mean length 4"
+    episodes = json.loads((tmp_path / "trace.json").read_text())["episodes"]
+    assert [e["seed"] for e in episodes] == [1000, 1001]
+    for episode in episodes:
+        assert episode["terminated"] and episode["mean_action"] == pytest.approx([np.tanh(0.5)], abs=1e-6)
+        cart, pole = episode["dims"]["0"], episode["dims"]["1"]
+        assert cart["end"] > cart["start"] + 0.1 and cart["max"] == cart["end"]
+        assert pole["end"] < -0.2 and pole["min"] == pole["end"]   # past the env's 0.2 rad limit: terminated
+    bad = subprocess.run([sys.executable, str(REPO / "benchmarks" / "rollout_trace.py"), str(tmp_path / "push"),
+                          "--env", "inverted-pendulum", "--dims", "0,7"], cwd=REPO, capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "error: --dims '0,7': the state has 4 dimensions; pass indices in 0..3"]
 
 
 def test_expert_returns_rolls_out_a_committed_snapshot(run_benchmark):
