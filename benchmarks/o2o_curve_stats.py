@@ -1,11 +1,14 @@
 """Per-run online curve figures of an o2o sweep that the summary table does not give: the area under the
-online curve, the first online eval at a target score, and the late mean. RESULTS.md's o2o tables quote them.
+online curve, the first online eval at a target score, the late mean, and the fall-backs after the target. RESULTS.md's
+o2o tables quote them.
 
     python benchmarks/o2o_curve_stats.py benchmarks/results/raw/inverted-pendulum
 
 For each `<method>_s<seed>` run under the folder: area = the mean of the online evals at steps 0, every,
 2*every, ..., the last online step; first = the first online step whose eval reaches --target; late = the mean
-of the evals on that grid from half the online steps on.
+of the evals on that grid from half the online steps on (or from --late-from); falls = the evals on the grid after
+the first at --target that score below --fall-below. Then one line per method: the mean [95% bootstrap CI] over
+its runs of the final and late scores, and its falls.
 """
 from __future__ import annotations
 
@@ -16,9 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from embodied.plots import eval_points  # noqa: E402
+from embodied.stats import bootstrap_ci  # noqa: E402
 
 
-def curve_stats(metrics: list[dict], every: int, target: float) -> dict:
+def curve_stats(metrics: list[dict], every: int, target: float, fall_below: float | None = None,
+                late_from: int | None = None) -> dict:
     scores = {line["step"]: line["eval/score"] for line in eval_points(metrics, "eval/score")
               if line.get("phase") == "online"}
     if not scores:
@@ -28,10 +33,15 @@ def curve_stats(metrics: list[dict], every: int, target: float) -> dict:
     missing = [step for step in grid if step not in scores]
     if missing:
         raise SystemExit(f"no online eval at steps {missing[:5]}: pass --every to match eval.every_online")
-    late = [scores[step] for step in grid if step >= last / 2]
-    return {"area": sum(scores[step] for step in grid) / len(grid),
-            "first_at_target": next((step for step in sorted(scores) if scores[step] >= target), None),
-            "late_mean": sum(late) / len(late), "final": scores[last]}
+    late = [scores[step] for step in grid if step >= (last / 2 if late_from is None else late_from)]
+    if not late:
+        raise SystemExit(f"--late-from {late_from}: past the last online eval ({last})")
+    first = next((step for step in sorted(scores) if scores[step] >= target), None)
+    after = [scores[step] for step in grid if first is not None and step > first]
+    fall_below = target - 10 if fall_below is None else fall_below
+    return {"area": sum(scores[step] for step in grid) / len(grid), "first_at_target": first,
+            "late_mean": sum(late) / len(late), "final": scores[last],
+            "falls": sum(score < fall_below for score in after), "evals_after_target": len(after)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -39,15 +49,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("sweep", type=Path, help="a task folder of o2o_compare.py's raw runs")
     parser.add_argument("--every", type=int, default=500, help="the eval grid (eval.every_online)")
     parser.add_argument("--target", type=float, default=100.0)
+    parser.add_argument("--fall-below", type=float, help="a fall-back scores below this (default: target - 10)")
+    parser.add_argument("--late-from", type=int, help="the late mean's first online step (default: half the run)")
     args = parser.parse_args(argv)
     runs = sorted(path.parent for path in args.sweep.glob("*_s*/metrics.jsonl"))
     if not runs:
         parser.error(f"{args.sweep}: no <method>_s<seed>/metrics.jsonl under it; pass o2o_compare's raw task folder")
+    by_method: dict[str, list[dict]] = {}
     for run in runs:
         metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        stats = curve_stats(metrics, args.every, args.target)
+        stats = curve_stats(metrics, args.every, args.target, args.fall_below, args.late_from)
+        by_method.setdefault(run.name.rsplit("_s", 1)[0], []).append(stats)
         print(f"{run.name}: area {stats['area']:.1f}, first at {args.target:g}: {stats['first_at_target']}, "
-              f"late mean {stats['late_mean']:.1f}, final {stats['final']:.1f}")
+              f"late mean {stats['late_mean']:.1f}, final {stats['final']:.1f}, "
+              f"falls {stats['falls']} of {stats['evals_after_target']}")
+    for method, rows in by_method.items():
+        summary = []
+        for key in ("final", "late_mean"):
+            mean, low, high = bootstrap_ci([row[key] for row in rows])
+            summary.append(f"{key.replace('_', ' ')} {mean:.1f} [{low:.1f}, {high:.1f}]")
+        falls, evals = sum(row["falls"] for row in rows), sum(row["evals_after_target"] for row in rows)
+        print(f"{method} ({len(rows)} runs): {', '.join(summary)}; falls {falls} of {evals} evals after the first at "
+              f"{args.target:g}, in {sum(row['falls'] > 0 for row in rows)} of {len(rows)} runs")
 
 
 if __name__ == "__main__":

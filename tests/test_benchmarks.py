@@ -296,5 +296,11 @@ def test_o2o_curve_stats_reads_the_online_evals_of_each_run(tmp_path, run_benchm
         json.dumps({"step": step, "phase": phase, "kind": "eval", "eval/score": score,
                     "total_step": step + (1000 if phase == "online" else 0)}) + "\n" for step, phase, score in evals))
     out = run_benchmark("o2o_curve_stats.py", str(tmp_path)).stdout
-    # grid 0, 500, ..., 2000 (the step-100 eval is off it): area (20+60+100+80+100)/5; late: steps 1000-2000
-    assert out.strip() == "wsrl_s0: area 72.0, first at 100: 1000, late mean 93.3, final 100.0"
+    # grid 0, 500, ..., 2000 (the step-100 eval is off it): area (20+60+100+80+100)/5; late: steps 1000-2000;
+    # after the first 100 (step 1000) the grid has 80 and 100: one fall below 90
+    assert out.strip().splitlines() == [
+        "wsrl_s0: area 72.0, first at 100: 1000, late mean 93.3, final 100.0, falls 1 of 2",
+        "wsrl (1 runs): final 100.0 [100.0, 100.0], late mean 93.3 [93.3, 93.3]; falls 1 of 2 evals after the first "
+        "at 100, in 1 of 1 runs"]
+    out = run_benchmark("o2o_curve_stats.py", str(tmp_path), "--late-from", "1500", "--fall-below", "70").stdout
+    assert out.strip().splitlines()[0] == "wsrl_s0: area 72.0, first at 100: 1000, late mean 90.0, final 100.0, falls 0 of 2"
