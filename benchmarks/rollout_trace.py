@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dims", default="0,1", help="state dimensions to trace")
     parser.add_argument("--episodes", type=int, default=5)
     parser.add_argument("--first-seed", type=int, default=1000)
-    parser.add_argument("--at", type=int, default=100, help="also print each traced dimension at this step (the last one if the episode is shorter)")
+    parser.add_argument("--at", type=int, default=100,
+                        help="also print each traced dimension at this step (the last one if the episode is shorter)")
     parser.add_argument("--stochastic", action="store_true", help="sample actions instead of the mean")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)

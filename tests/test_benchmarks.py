@@ -303,4 +303,5 @@ def test_o2o_curve_stats_reads_the_online_evals_of_each_run(tmp_path, run_benchm
         "wsrl (1 runs): final 100.0 [100.0, 100.0], late mean 93.3 [93.3, 93.3]; falls 1 of 2 evals after the first "
         "at 100, in 1 of 1 runs"]
     out = run_benchmark("o2o_curve_stats.py", str(tmp_path), "--late-from", "1500", "--fall-below", "70").stdout
-    assert out.strip().splitlines()[0] == "wsrl_s0: area 72.0, first at 100: 1000, late mean 90.0, final 100.0, falls 0 of 2"
+    assert out.strip().splitlines()[0] == ("wsrl_s0: area 72.0, first at 100: 1000, late mean 90.0, final 100.0, "
+                                           "falls 0 of 2")
