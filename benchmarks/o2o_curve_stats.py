@@ -8,7 +8,8 @@ For each `<method>_s<seed>` run under the folder: area = the mean of the online 
 2*every, ..., the last online step; first = the first online step whose eval reaches --target; late = the mean
 of the evals on that grid from half the online steps on (or from --late-from); falls = the evals on the grid after
 the first at --target that score below --fall-below. Then one line per method: the mean [95% bootstrap CI] over
-its runs of the final and late scores, and its falls.
+its runs of the final and late scores, its falls, and (where the runs log it) the critic's calibration gap, Q minus
+the Monte-Carlo return on each eval's own episodes, at those falls and at the other evals after the target.
 """
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ from embodied.stats import bootstrap_ci  # noqa: E402
 
 def curve_stats(metrics: list[dict], every: int, target: float, fall_below: float | None = None,
                 late_from: int | None = None) -> dict:
-    scores = {line["step"]: line["eval/score"] for line in eval_points(metrics, "eval/score")
-              if line.get("phase") == "online"}
+    online = [line for line in eval_points(metrics, "eval/score") if line.get("phase") == "online"]
+    scores = {line["step"]: line["eval/score"] for line in online}
+    gaps = {line["step"]: line["switch/calibration_gap"] for line in online if "switch/calibration_gap" in line}
     if not scores:
         raise SystemExit("a run has no online evals: pass an o2o sweep's raw folder")
     last = max(scores)
@@ -37,11 +39,14 @@ def curve_stats(metrics: list[dict], every: int, target: float, fall_below: floa
     if not late:
         raise SystemExit(f"--late-from {late_from}: past the last online eval ({last})")
     first = next((step for step in sorted(scores) if scores[step] >= target), None)
-    after = [scores[step] for step in grid if first is not None and step > first]
+    after = [step for step in grid if first is not None and step > first]
     fall_below = target - 10 if fall_below is None else fall_below
+    falls = [step for step in after if scores[step] < fall_below]
     return {"area": sum(scores[step] for step in grid) / len(grid), "first_at_target": first,
             "late_mean": sum(late) / len(late), "final": scores[last],
-            "falls": sum(score < fall_below for score in after), "evals_after_target": len(after)}
+            "falls": len(falls), "evals_after_target": len(after),
+            "gap_at_falls": [gaps[step] for step in falls if step in gaps],
+            "gap_held": [gaps[step] for step in after if step in gaps and step not in falls]}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -69,8 +74,14 @@ def main(argv: list[str] | None = None) -> None:
             mean, low, high = bootstrap_ci([row[key] for row in rows])
             summary.append(f"{key.replace('_', ' ')} {mean:.1f} [{low:.1f}, {high:.1f}]")
         falls, evals = sum(row["falls"] for row in rows), sum(row["evals_after_target"] for row in rows)
+        gaps = []
+        for key, name in (("gap_at_falls", "at the falls"), ("gap_held", "at the other evals after it")):
+            values = [gap for row in rows for gap in row[key]]
+            if values:
+                gaps.append(f"{name} {sum(values) / len(values):+.1f} (n {len(values)})")
         print(f"{method} ({len(rows)} runs): {', '.join(summary)}; falls {falls} of {evals} evals after the first at "
-              f"{args.target:g}, in {sum(row['falls'] > 0 for row in rows)} of {len(rows)} runs")
+              f"{args.target:g}, in {sum(row['falls'] > 0 for row in rows)} of {len(rows)} runs"
+              + (f"; calibration gap {', '.join(gaps)}" if gaps else ""))
 
 
 if __name__ == "__main__":

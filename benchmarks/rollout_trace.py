@@ -4,10 +4,12 @@ An eval score says that episodes end early, not why. This prints, per episode, t
 terminated it, the return, and for each traced dimension of `observation.state` its value at the start, its
 range, its value at the step given by --at, and at the end. On InvertedPendulum, dimension 0 is the cart position
 (the rail ends at +-1) and 1 the pole angle (the episode ends past +-0.2 rad): a cart that drifts into the rail
-end and a pole that tips over read differently.
+end and a pole that tips over read differently. With --dataset instead of a policy, it reads a D4RL-layout HDF5
+file and shows the same dimensions in the next states of its terminal transitions: how the data's episodes end.
 
     python benchmarks/rollout_trace.py RUN_DIR/policy --env inverted-pendulum --dims 0,1 --episodes 5
     python benchmarks/rollout_trace.py RUN_DIR/policy --env inverted-pendulum --stochastic
+    python benchmarks/rollout_trace.py --dataset FILE.hdf5 --dims 0,1 --beyond 0.9
 
 Rollouts act with the policy's mean unless --stochastic; --json writes every episode's trace summary.
 """
@@ -24,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import policies  # noqa: E402
 import sims  # noqa: E402
+from embodied.data.d4rl import load_hdf5  # noqa: E402
 from embodied.errors import UserError, exit_on_user_error  # noqa: E402
 
 
@@ -51,11 +54,34 @@ def parse_dims(text: str, state_dim: int) -> list[int]:
     return dims
 
 
+def dataset_endings(path: Path, dims_text: str, beyond: float | None) -> dict:
+    """Per traced dimension, its range in the next states of the file's terminal transitions, and how many of
+    them lie at |value| >= `beyond`."""
+    data = load_hdf5(path)
+    dims = parse_dims(dims_text, data.obs_dim)
+    ends = data.next_observations[data.terminals]
+    record = {"dataset": str(path), "transitions": len(data), "terminals": len(ends), "beyond": beyond, "dims": {}}
+    parts = []
+    for d in dims:
+        values = ends[:, d]
+        entry = {"min": float(values.min()), "max": float(values.max())} if len(ends) else {}
+        if beyond is not None:
+            entry["at_or_beyond"] = int((np.abs(values) >= beyond).sum())
+        record["dims"][str(d)] = entry
+        if entry:
+            parts.append(f"dim {d}: [{entry['min']:+.3f}, {entry['max']:+.3f}]"
+                         + (f", |value| >= {beyond:g} in {entry['at_or_beyond']}" if beyond is not None else ""))
+    print(f"{path}: {len(ends)} terminal transitions of {len(data)}" + (f"; {'; '.join(parts)}" if parts else ""))
+    return record
+
+
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("policy_dir", help="a directory written by Policy.save() (a run's policy/)")
-    parser.add_argument("--env", required=True)
+    parser.add_argument("policy_dir", nargs="?", help="a directory written by Policy.save() (a run's policy/)")
+    parser.add_argument("--env", help="the env to roll the policy out in")
+    parser.add_argument("--dataset", type=Path, help="instead of a policy: how this HDF5 file's episodes end")
+    parser.add_argument("--beyond", type=float, help="--dataset: count terminal states with |value| >= this")
     parser.add_argument("--dims", default="0,1", help="state dimensions to trace")
     parser.add_argument("--episodes", type=int, default=5)
     parser.add_argument("--first-seed", type=int, default=1000)
@@ -64,6 +90,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stochastic", action="store_true", help="sample actions instead of the mean")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    if args.dataset is not None:
+        if args.policy_dir is not None:
+            parser.error("pass a policy directory or --dataset, not both")
+        record = dataset_endings(args.dataset, args.dims, args.beyond)
+        if args.json:
+            args.json.write_text(json.dumps(record, indent=1))
+        return
+    if args.policy_dir is None or args.env is None:
+        parser.error("pass a policy directory and --env (or --dataset FILE)")
     if args.episodes < 1:
         parser.error(f"--episodes {args.episodes}: pass at least 1")
     policy, env = policies.load(args.policy_dir), sims.make(args.env)

@@ -16,6 +16,8 @@ import pytest
 import torch
 
 import policies
+from embodied.data.d4rl import save_hdf5
+from embodied.data.dataset import Dataset
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow  # every test here runs a script in a subprocess
@@ -282,6 +284,29 @@ def test_rollout_trace_shows_a_constant_push_driving_the_cart_and_tipping_the_po
         "error: --dims '0,7': the state has 4 dimensions; pass indices in 0..3"]
 
 
+def test_rollout_trace_reads_where_a_datasets_episodes_end(tmp_path, run_benchmark):
+    """--dataset: the traced dimensions of the terminal transitions' next states, and the count beyond a bound."""
+    n = 6
+    next_obs = np.zeros((n, 2), np.float32)
+    next_obs[[2, 5], 0] = [-0.95, 0.5]   # two episodes end: one with dim 0 past 0.9, one inside it
+    terminals = np.zeros(n, bool)
+    terminals[[2, 5]] = True
+    save_hdf5(Dataset(observations=np.zeros((n, 2), np.float32), actions=np.zeros((n, 1), np.float32),
+                      rewards=np.ones(n, np.float32), next_observations=next_obs, terminals=terminals,
+                      timeouts=np.zeros(n, bool)), tmp_path / "data.hdf5")
+    out = run_benchmark("rollout_trace.py", "--dataset", str(tmp_path / "data.hdf5"), "--dims", "0", "--beyond", "0.9",
+                        "--json", str(tmp_path / "ends.json")).stdout
+    assert out.strip() == (f"{tmp_path / 'data.hdf5'}: 2 terminal transitions of 6; dim 0: [-0.950, +0.500], "
+                           f"|value| >= 0.9 in 1")
+    record = json.loads((tmp_path / "ends.json").read_text())
+    assert record["terminals"] == 2 and record["dims"]["0"] == {"min": pytest.approx(-0.95), "max": 0.5,
+                                                                 "at_or_beyond": 1}
+    both = subprocess.run([sys.executable, str(REPO / "benchmarks" / "rollout_trace.py"), str(tmp_path),
+                           "--dataset", str(tmp_path / "data.hdf5")], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert both.returncode == 2 and "pass a policy directory or --dataset, not both" in both.stderr
+
+
 def test_expert_returns_rolls_out_a_committed_snapshot(run_benchmark):
     out = run_benchmark("expert_returns.py", "--env", "inverted-pendulum", "--episodes", "2").stdout
     assert out.count("episode ") == 2 and "inverted-pendulum expert: mean " in out
@@ -305,3 +330,13 @@ def test_o2o_curve_stats_reads_the_online_evals_of_each_run(tmp_path, run_benchm
     out = run_benchmark("o2o_curve_stats.py", str(tmp_path), "--late-from", "1500", "--fall-below", "70").stdout
     assert out.strip().splitlines()[0] == ("wsrl_s0: area 72.0, first at 100: 1000, late mean 90.0, final 100.0, "
                                            "falls 0 of 2")
+    # runs that log the critic's calibration gap (Q minus the Monte-Carlo return) get it at the falls and after
+    gaps = {1500: 30.0, 2000: -2.0, 500: 99.0}   # step 500 comes before the first 100: not counted
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": step, "phase": phase, "kind": "eval", "eval/score": score,
+                    "total_step": step + (1000 if phase == "online" else 0),
+                    **({"switch/calibration_gap": gaps[step]} if phase == "online" and step in gaps else {})}) + "\n"
+        for step, phase, score in evals))
+    out = run_benchmark("o2o_curve_stats.py", str(tmp_path)).stdout
+    assert out.strip().splitlines()[1].endswith(
+        "in 1 of 1 runs; calibration gap at the falls +30.0 (n 1), at the other evals after it -2.0 (n 1)")
