@@ -72,13 +72,17 @@ def main(argv=None) -> dict:
 
     for variation in args.sets:
         start, load = time.time(), uptime()
-        metrics = evaluate_tasks(args.env, args.tasks, chunk_fn, policy, args.episodes, first_seed, variation, "e")
+        per_episode = {}
+        metrics = evaluate_tasks(args.env, args.tasks, chunk_fn, policy, args.episodes, first_seed, variation, "e",
+                                 episode_success=per_episode)
         per_task = {str(t): metrics[f"e/task{t}/success"] for t in args.tasks}
         wins = round(sum(per_task.values()) * args.episodes)
         result["sets"][variation] = {
             "task_success": per_task, "mean_success": round(metrics["e/success"], 3),
             "ci95": wilson(wins, args.episodes * len(args.tasks)), "wall_s": round(time.time() - start, 1),
-            "load_before": load}
+            "load_before": load,
+            # 0/1 per start state, in order: vla_finetune --slices pairs each seed's slice with these
+            "episode_success": {str(t): v for t, v in per_episode.items()}}
         print(f"{variation:>11}: mean {metrics['e/success']:.2f} {result['sets'][variation]['ci95']}  per task "
               f"{per_task}  ({time.time() - start:.0f} s)", flush=True)
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -37,7 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from benchmarks.machine import cpu_info, uptime  # noqa: E402
-from embodied.stats import wilson  # noqa: E402
+from embodied.stats import seed_t_test, wilson  # noqa: E402
 
 
 DIAGNOSTICS = {"vla_qc": ("finetune/action_distance", "finetune/candidate_spread"),
@@ -126,7 +126,9 @@ def read_before_eval(path: Path, pretrained: Path, env: str, algo: str, override
         raise SystemExit(f"--before {path}: evaluated at {evaluated} flow steps, and {algo} acts at {steps}: "
                          f"rerun benchmarks/vla_eval_sets.py with --flow-steps {steps}")
     return {"episodes": int(data["episodes"]), "flow_steps": evaluated,
-            "task_success": {int(t): v for t, v in data["sets"]["none"]["task_success"].items()}}
+            "task_success": {int(t): v for t, v in data["sets"]["none"]["task_success"].items()},
+            # per start state (evals from before this field existed lack it: the seed test is then unpaired)
+            "episode_success": {int(t): v for t, v in data["sets"]["none"].get("episode_success", {}).items()}}
 
 
 def check_pairing(before: bool, slices: bool) -> None:
@@ -173,8 +175,31 @@ def make_tables(jobs: list[dict], tasks: list[int], algo: str, pretrained: Path,
             "other_tasks_before": pooled(mean([others_before]), n_before * len(others)),
             "other_tasks_after": pooled(mean([r["other_tasks_after"] for r in runs]), episodes * len(others)),
             **{key.split("/")[1]: [r[key.split("/")[1]] for r in runs] for key in DIAGNOSTICS[algo]},
+            "seed_level": seed_level(runs, task, others, success_before, others_before,
+                                     before_eval["episode_success"] if before_eval else None, episodes),
         }
     return tables
+
+
+def seed_level(runs: list[dict], task: int, others: list, success_before: float, others_before: dict,
+               before_episodes: dict | None, episodes: int) -> dict:
+    """Gain and forgetting tested over seeds (Student t on after - before per seed), beside the tables' pooled
+    Wilson intervals, which count episodes as independent. `pairing` says what each seed is compared with:
+    "slice", the pretrained policy on that seed's own start states (`--slices` and a before eval that kept
+    its per-episode outcomes); "same states", the one shared before, on the start states every seed
+    evaluated; "unpaired", the before eval's mean over all slices (an eval from before per-episode
+    outcomes were kept)."""
+    slice_of = lambda outcomes, seed: outcomes[seed * episodes:(seed + 1) * episodes]
+    mean = lambda values: sum(values) / len(values)
+    paired = before_episodes is not None and all(int(t) in before_episodes for t in [task, *others])
+    pairing = "slice" if paired else "same states" if before_episodes is None else "unpaired"
+    task_before = [mean(slice_of(before_episodes[task], r["seed"])) if paired else success_before for r in runs]
+    others_of = lambda r: mean([mean(slice_of(before_episodes[int(t)], r["seed"])) for t in others]) if paired \
+        else mean([others_before[t] for t in others])
+    return {"pairing": pairing, "task_before_per_seed": [round(b, 3) for b in task_before],
+            "gain": seed_t_test([r["success_after"] - b for r, b in zip(runs, task_before)]),
+            "other_tasks_change": seed_t_test([mean([r["other_tasks_after"][t] for t in others]) - others_of(r)
+                                               for r in runs])}
 
 
 def pooled(rates: list[float], episodes: int) -> dict:
@@ -289,6 +314,10 @@ def report(tables: dict, out: Path) -> None:
         print(f"task {task}: {table['before']['success']:.2f} {table['before']['ci95']} -> "
               f"{table['after']['success']:.2f} {table['after']['ci95']}; other tasks "
               f"{table['other_tasks_before']['success']:.2f} -> {table['other_tasks_after']['success']:.2f}")
+        if "seed_level" in table:
+            gain, change = table["seed_level"]["gain"], table["seed_level"]["other_tasks_change"]
+            print(f"  over seeds (before: {table['seed_level']['pairing']}): gain {gain['mean']:+.3f} {gain['ci95']} t {gain['t']} p {gain['p']}; other tasks "
+                  f"{change['mean']:+.3f} {change['ci95']} p {change['p']}")
     print(f"wrote {out}")
 
 

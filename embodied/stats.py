@@ -1,10 +1,12 @@
-"""Statistics for the evaluation protocol (DESIGN.md §5): bootstrap CIs over seeds and the switch dip."""
+"""Statistics for the evaluation protocol (DESIGN.md §5): bootstrap CIs over seeds, Wilson intervals over
+episodes, a seed-level t-test, and the switch dip."""
 from __future__ import annotations
 
 import math
 from typing import Iterable, Mapping
 
 import numpy as np
+from scipy import stats as scipy_stats
 
 DIP_WINDOW_FRACTION = 0.1  # the dip looks at the first 10% of online steps
 
@@ -46,6 +48,26 @@ def wilson(successes: int, n: int, z: float = 1.96) -> list[float]:
     p, denom = successes / n, 1 + z * z / n
     centre, half = (p + z * z / (2 * n)) / denom, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     return [round(max(0.0, centre - half), 3), round(min(1.0, centre + half), 3)]
+
+
+def seed_t_test(values, reference: float = 0.0, confidence: float = 0.95) -> dict:
+    """Student-t test of the mean over seeds against `reference`: the seed-level check, where a pooled
+    Wilson interval treats every episode as independent and so overstates what a few seeds show.
+    Pass per-seed differences (after - before on each seed's own start states) with reference 0 for a
+    paired test. Returns mean, its t interval, t, the two-sided p and the degrees of freedom; with one
+    seed, or no spread, there is no test (t and p are None)."""
+    values = np.asarray(values, dtype=np.float64).ravel()
+    if values.size == 0:
+        raise ValueError("seed_t_test needs at least one value")
+    mean, df = float(values.mean()), values.size - 1
+    if df == 0 or np.ptp(values) == 0:   # std() of equal floats can come out at 1e-17, not 0
+        return {"mean": round(mean, 4), "ci95": [round(mean, 4), round(mean, 4)], "t": None, "p": None, "df": df}
+    sem = float(values.std(ddof=1) / math.sqrt(values.size))
+    half = float(scipy_stats.t.ppf(0.5 + confidence / 2, df)) * sem
+    t = (mean - reference) / sem
+    p = float(2 * scipy_stats.t.sf(abs(t), df))
+    return {"mean": round(mean, 4), "ci95": [round(mean - half, 4), round(mean + half, 4)], "t": round(t, 3),
+            "p": round(p, 4), "df": df}
 
 
 def post_switch_dip(eval_scores_by_step: Mapping[int, float] | Iterable[tuple[int, float]],

@@ -1,8 +1,8 @@
-"""Bootstrap CIs and the post-switch dip, checked on data whose answer is known."""
+"""Bootstrap CIs, the seed-level t-test and the post-switch dip, checked on data whose answer is known."""
 import numpy as np
 import pytest
 
-from embodied.stats import bootstrap_ci, post_switch_dip
+from embodied.stats import bootstrap_ci, post_switch_dip, seed_t_test
 
 
 def test_constant_values_give_zero_width():
@@ -57,3 +57,27 @@ def test_dip_positive_when_policy_only_improves_and_accepts_pairs():
 
 def test_dip_none_when_no_eval_in_window():
     assert post_switch_dip({0: 1.0, 5000: 2.0}, 0, 10_000, 1.0) is None
+
+
+def test_seed_t_test_matches_a_hand_computed_student_t():
+    # five seeds' success: mean 0.25, sd sqrt(0.13 / 4), so t against 0.10 is 0.15 / (sd / sqrt 5) = 1.861 on
+    # 4 degrees of freedom, whose 97.5% quantile is 2.776
+    result = seed_t_test([0.30, 0.00, 0.50, 0.20, 0.25], reference=0.10)
+    sem = (0.13 / 4) ** 0.5 / 5 ** 0.5
+    assert result["mean"] == 0.25 and result["df"] == 4
+    assert result["t"] == pytest.approx(0.15 / sem, abs=1e-3)
+    assert result["ci95"] == pytest.approx([0.25 - 2.7764 * sem, 0.25 + 2.7764 * sem], abs=1e-3)
+    assert 0.10 < result["p"] < 0.15          # two-sided, t = 1.86 on 4 df
+    assert result["ci95"][0] < 0.10 < result["ci95"][1]   # the interval and the test agree
+
+
+def test_seed_t_test_without_spread_or_with_one_seed_has_no_test():
+    assert seed_t_test([0.4, 0.4, 0.4])["t"] is None and seed_t_test([0.7])["p"] is None
+    assert seed_t_test([0.7])["ci95"] == [0.7, 0.7]
+    with pytest.raises(ValueError):
+        seed_t_test([])
+
+
+def test_seed_t_test_on_paired_differences_rejects_a_consistent_gain():
+    result = seed_t_test([0.20, 0.25, 0.15, 0.30, 0.20])   # after - before per seed, all positive
+    assert result["ci95"][0] > 0 and result["p"] < 0.01

@@ -114,11 +114,14 @@ class VLABC(VLAActing, Agent):
 
 
 def evaluate_tasks(env: str, tasks: list[int], chunk_fn, agent_cfg, episodes: int, task_seed, variation: str = "none",
-                   prefix: str = "eval", execute_horizon: int | None = None, **evaluate_kwargs) -> dict:
+                   prefix: str = "eval", execute_horizon: int | None = None, episode_success: dict | None = None,
+                   **evaluate_kwargs) -> dict:
     """Success and return per task of a suite under one variation, and their means: `chunk_fn(seed)` is the
     policy over batched observation dicts (fresh noise per chunk), `task_seed(task)` the first start seed,
     `execute_horizon` the actions run open-loop per chunk (None: the VLA's chunk).
-    Keys: `<prefix>/task<k>/success`, `<prefix>/task<k>/return`, `<prefix>/success`, `<prefix>/return`."""
+    Keys: `<prefix>/task<k>/success`, `<prefix>/task<k>/return`, `<prefix>/success`, `<prefix>/return`.
+    A dict passed as `episode_success` receives each task's 0/1 per episode, in start-state order (what a
+    paired, per-slice comparison needs)."""
     metrics, successes, returns = {}, [], []
     for task in tasks:
         seed = task_seed(task)   # the same start states at every eval, and in every variation
@@ -126,6 +129,8 @@ def evaluate_tasks(env: str, tasks: list[int], chunk_fn, agent_cfg, episodes: in
                           chunk_policy=chunk_fn(seed), obs_horizon=1, execute_horizon=execute_horizon or agent_cfg.chunk,
                           max_envs=CHUNK_EVAL_ENVS, full_obs=True, **evaluate_kwargs)
         task_metrics = result.metrics()
+        if episode_success is not None and result.successes is not None:
+            episode_success[task] = np.asarray(result.successes, int).tolist()
         metrics[f"{prefix}/task{task}/success"] = task_metrics.get("eval/success", 0.0)
         metrics[f"{prefix}/task{task}/return"] = task_metrics["eval/return"]
         successes.append(metrics[f"{prefix}/task{task}/success"])

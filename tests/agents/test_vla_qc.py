@@ -298,6 +298,12 @@ def test_vla_qc_fine_tunes_one_task_and_evaluates_every_task(tmp_path, monkeypat
     assert rebuilt["slices"] and rebuilt["tables"]["1"]["episodes_before"] == 2
     assert rebuilt["tables"]["1"]["before"]["per_seed"] == [evaluated["1"]]
     assert rebuilt["tables"]["1"]["other_tasks_before"]["per_seed"] == [evaluated["2"]]
+    # the before eval keeps each start state's outcome, so each seed's gain is paired with its own slice
+    outcomes = json.loads(before.read_text())["sets"]["none"]["episode_success"]
+    assert len(outcomes["1"]) == 2 and set(outcomes["1"]) <= {0, 1} and sum(outcomes["1"]) / 2 == evaluated["1"]
+    level = rebuilt["tables"]["1"]["seed_level"]
+    assert level["pairing"] == "slice" and level["task_before_per_seed"] == [float(v) for v in outcomes["1"]]
+    assert result["tables"]["1"]["seed_level"]["pairing"] == "same states"   # every seed on the run's own states
     too_few = script("--pretrained", str(tmp_path / "run"), "--tasks", "1", "--seed-list", "0", "--online-steps", "16",
                      "--dataset-size", "300", "--out", str(tmp_path / "sliced"), "--json", str(tmp_path / "few.json"),
                      "--slices", "--before", str(before), "--", *overrides)   # seed 0 reused; 1 state, not 2
