@@ -92,8 +92,10 @@ def before_episodes(algo: str, pretrained: Path, episodes: int) -> int:
     if algo != "vla_qc":
         return episodes
     lines = [json.loads(line) for line in (pretrained / "metrics.jsonl").read_text().splitlines()]
-    evals = [line for line in lines if line.get("phase") == "offline" and line.get("kind") == "eval"]
-    return int(evals[-1].get("eval/episodes", episodes)) if evals else episodes
+    # the last eval that counted its episodes: the final per-variation evals after it do not
+    evals = [line for line in lines if line.get("phase") == "offline" and line.get("kind") == "eval"
+             and "eval/episodes" in line]
+    return int(evals[-1]["eval/episodes"]) if evals else episodes
 
 
 def sampler_steps(algo: str, pretrained: Path, overrides: list[str]) -> int | None:
@@ -176,23 +178,24 @@ def make_tables(jobs: list[dict], tasks: list[int], algo: str, pretrained: Path,
             "other_tasks_after": pooled(mean([r["other_tasks_after"] for r in runs]), episodes * len(others)),
             **{key.split("/")[1]: [r[key.split("/")[1]] for r in runs] for key in DIAGNOSTICS[algo]},
             "seed_level": seed_level(runs, task, others, success_before, others_before,
-                                     before_eval["episode_success"] if before_eval else None, episodes),
+                                     before_eval["episode_success"] if before_eval else None, episodes,
+                                     same_states=before_eval is None and n_before == episodes),
         }
     return tables
 
 
 def seed_level(runs: list[dict], task: int, others: list, success_before: float, others_before: dict,
-               before_episodes: dict | None, episodes: int) -> dict:
+               before_episodes: dict | None, episodes: int, same_states: bool = False) -> dict:
     """Gain and forgetting tested over seeds (Student t on after - before per seed), beside the tables' pooled
     Wilson intervals, which count episodes as independent. `pairing` says what each seed is compared with:
     "slice", the pretrained policy on that seed's own start states (`--slices` and a before eval that kept
     its per-episode outcomes); "same states", the one shared before, on the start states every seed
-    evaluated; "unpaired", the before eval's mean over all slices (an eval from before per-episode
-    outcomes were kept)."""
+    evaluated; "unpaired", a before over other or more start states (a pretraining eval of another
+    eval.episodes, or a before eval from before per-episode outcomes were kept)."""
     slice_of = lambda outcomes, seed: outcomes[seed * episodes:(seed + 1) * episodes]
     mean = lambda values: sum(values) / len(values)
     paired = before_episodes is not None and all(int(t) in before_episodes for t in [task, *others])
-    pairing = "slice" if paired else "same states" if before_episodes is None else "unpaired"
+    pairing = "slice" if paired else "same states" if same_states else "unpaired"
     task_before = [mean(slice_of(before_episodes[task], r["seed"])) if paired else success_before for r in runs]
     others_of = lambda r: mean([mean(slice_of(before_episodes[int(t)], r["seed"])) for t in others]) if paired \
         else mean([others_before[t] for t in others])

@@ -230,6 +230,21 @@ def test_vla_finetune_seed_level_pairs_each_seed_with_the_before_on_its_own_slic
     assert level["gain"]["mean"] == pytest.approx(0.5 - 2 / 12, abs=1e-4)
 
 
+def test_vla_finetune_before_episodes_skips_the_final_per_variation_evals(tmp_path):
+    """A pretraining with env.variations ends with per-variation evals that do not count their episodes; the
+    "before" count read the last of them and fell back to the fine-tune's eval.episodes (10 for 20)."""
+    from benchmarks.vla_finetune import before_episodes
+
+    lines = [{"phase": "offline", "kind": "train", "step": 2000},
+             {"phase": "offline", "kind": "eval", "step": 2000, "eval/episodes": 20.0, "eval/success": 0.83},
+             {"phase": "online", "kind": "switch", "step": 0},
+             {"phase": "offline", "kind": "eval", "paraphrase/success": 0.8},
+             {"phase": "offline", "kind": "eval", "positions/success": 0.7}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(line) for line in lines))
+    assert before_episodes("vla_qc", tmp_path, 10) == 20
+    assert before_episodes("vla_ppo", tmp_path, 10) == 10   # its before is its own step-0 eval
+
+
 def test_critic_probe_reads_an_online_runs_checkpoints_and_its_pretrained_critic(tmp_path, run_benchmark):
     """Two-stage as a user runs it: a pretraining, an online run from it with checkpoints, then the probe."""
     env = {**os.environ, "EMBODIED_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "disabled"}
