@@ -317,10 +317,9 @@ def report(tables: dict, out: Path) -> None:
         print(f"task {task}: {table['before']['success']:.2f} {table['before']['ci95']} -> "
               f"{table['after']['success']:.2f} {table['after']['ci95']}; other tasks "
               f"{table['other_tasks_before']['success']:.2f} -> {table['other_tasks_after']['success']:.2f}")
-        if "seed_level" in table:
-            gain, change = table["seed_level"]["gain"], table["seed_level"]["other_tasks_change"]
-            print(f"  over seeds (before: {table['seed_level']['pairing']}): gain {gain['mean']:+.3f} {gain['ci95']} "
-                  f"t {gain['t']} p {gain['p']}; other tasks {change['mean']:+.3f} {change['ci95']} p {change['p']}")
+        gain, change = table["seed_level"]["gain"], table["seed_level"]["other_tasks_change"]
+        print(f"  over seeds (before: {table['seed_level']['pairing']}): gain {gain['mean']:+.3f} {gain['ci95']} "
+              f"t {gain['t']} p {gain['p']}; other tasks {change['mean']:+.3f} {change['ci95']} p {change['p']}")
     print(f"wrote {out}")
 
 
