@@ -3,6 +3,7 @@ the flow-matching expert (K Euler steps) and autoregressive 256-bin tokens with 
 
     python benchmarks/vla_throughput.py                    # defaults below, 1 thread
     python benchmarks/vla_throughput.py --quick --threads 2
+    OMP_WAIT_POLICY=ACTIVE python benchmarks/vla_throughput.py --threads 2   # spinning workers: see below
 
 The three policies are built with the same config except `head`, and the vision encoder, projections and
 fusion transformer of the parallel one are copied into the other two, so only the decoding differs. Each
@@ -12,7 +13,9 @@ machine hits every contender alike); the table and JSON give medians. Latency is
 Goal (OFT's figure, reported, not enforced): parallel >= 26x the actions/s of AR at the same batch.
 `--train-batch B` (0 skips it) also times one training step per head (loss, backward, AdamW as in
 algo=vla_bc) at batch B in interleaved rounds, reported as seconds per 1,000 gradient steps.
-The JSON goes to benchmarks/results/vla_throughput-<date>.json.
+The JSON goes to benchmarks/results/vla_throughput-<date>.json. OpenMP's workers sleep between ops by default
+here (OMP_WAIT_POLICY=PASSIVE, polite to other jobs); with --threads > 1 each of the AR head's hundreds of tiny ops
+then pays a wake-up, so time multi-threaded latency with OMP_WAIT_POLICY=ACTIVE. The JSON records the policy.
 """
 from __future__ import annotations
 
@@ -158,7 +161,8 @@ def main() -> None:
     train_s_per_1k = training_cost(args, made) if args.train_batch > 0 else {}
     cpu = cpu_flags()
     print(f"cpu: {cpu['model']}  avx512_bf16: {'yes' if cpu['avx512_bf16'] else 'no'}  cores: {cpu['cores']}  "
-          f"threads: {args.threads}  precision: fp32  device: {args.device}")
+          f"threads: {args.threads}  omp_wait_policy: {os.environ['OMP_WAIT_POLICY']}  precision: fp32  "
+          f"device: {args.device}")
     print(f"load: {uptime}")
     print(f"backbone: dim {args.dim}, depth {args.depth}, cameras {args.cameras} at {args.image_size} px, "
           f"chunk {args.chunk} x act {args.act_dim}, {made['parallel'].num_parameters():,} params (parallel)")
@@ -173,7 +177,8 @@ def main() -> None:
     for head, seconds in train_s_per_1k.items():
         print(f"training {head:<9} batch {args.train_batch}: {seconds:.0f} s per 1,000 gradient steps")
     result = dict(benchmark="vla_throughput", date=time.strftime("%Y-%m-%dT%H:%M:%S"), cpu=cpu, precision="fp32",
-                  threads=args.threads, device=args.device, uptime=uptime, rounds=args.rounds,
+                  threads=args.threads, omp_wait_policy=os.environ["OMP_WAIT_POLICY"], device=args.device,
+                  uptime=uptime, rounds=args.rounds,
                   config={k: v for k, v in vars(args).items() if k not in ("out",)}, rows=rows, ratios=ratios,
                   goal_parallel_over_ar=GOAL,
                   params={h: p.num_parameters() for h, p in made.items()},

@@ -172,6 +172,8 @@ def test_vla_throughput_times_every_head_and_their_training_step(tmp_path, run_b
     assert {(r["head"], r["batch"]) for r in record["rows"]} == {(h, 1) for h in ("parallel", "flow", "ar", "prefix")}
     assert set(record["train_s_per_1k_steps"]) == {"parallel", "flow", "ar"}
     assert all(v > 0 for v in record["train_s_per_1k_steps"].values()) and "parallel/AR" in printed
+    # multi-threaded latency depends on OpenMP's wait policy, so the record says which one was in effect
+    assert record["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def test_vla_finetune_job_lock_waits_for_a_live_holder_and_takes_over_a_dead_one(tmp_path):
