@@ -74,6 +74,31 @@ def agent_options(name: str | None, section: str, options: DictConfig, policy: d
     return merged
 
 
+VLA_PRESET_HEADS = {"vla_bc": "parallel", "vla_qc": "flow", "vla_ppo": "flow"}  # conf/algo/<name>.yaml (tested)
+
+
+def vla_offline_options(cfg: DictConfig) -> DictConfig:
+    """The VLA presets' offline options with `policy.head` applied, so that `algo=vla_bc policy.head=flow` and
+    `algo.offline_agent.head=flow` are one setting. Both set and different is an error, and so is a non-flow
+    head for vla_ppo (PPO fine-tunes the flow head's chain)."""
+    algo = cfg.algo
+    if cfg.policy.kind != "vla":
+        raise ConfigError(f"policy={cfg.policy.name} is a {cfg.policy.kind} network but algo={algo.name} trains a "
+                          f"VLA; drop policy= (the preset selects policy=vla)")
+    options = OmegaConf.to_container(algo.offline_agent, resolve=True)
+    head = cfg.policy.head
+    if head is None or head == options.get("head"):
+        return OmegaConf.create(options)
+    if algo.online_algo == "vla_ppo" and head != "flow":
+        raise ConfigError(f"policy.head={head}: algo={algo.name} fine-tunes the flow head; drop policy.head, or "
+                          f"pretrain another head with algo=vla_bc")
+    if options.get("head") != VLA_PRESET_HEADS.get(algo.name, options.get("head")):  # algo.offline_agent.head set too
+        raise ConfigError(f"policy.head={head} conflicts with algo.offline_agent.head={options.get('head')}; "
+                          f"set one of them")
+    options["head"] = head
+    return OmegaConf.create(options)
+
+
 def runner_config(cfg: DictConfig):
     """The RunnerConfig of a composed Hydra config. Switch knobs are the algo preset's keys of the same name."""
     from embodied.agents.runner import SWITCH_KNOBS, RunnerConfig
@@ -86,11 +111,14 @@ def runner_config(cfg: DictConfig):
             raise ConfigError(f"policy={cfg.policy.name} is a {cfg.policy.kind} network but algo={algo.name} trains a "
                               f"{algo.policy} policy; use policy={algo.policy} or drop policy=")
         policy = {}  # the default group is the Gaussian agents' network; other kinds bring their own
+    offline_options = algo.offline_agent
+    if algo.policy == "vla":
+        offline_options, policy = vla_offline_options(cfg), {}
     run_level = {"gamma": cfg.env.gamma, "bf16": bf16}
     switch = {k: v for k, v in OmegaConf.to_container(algo, resolve=True).items() if k in SWITCH_KNOBS}
     return RunnerConfig(
         env=cfg.env.name, env_options=env_options(cfg), **switch,
-        offline_agent=agent_options(algo.offline_algo, "offline_agent", algo.offline_agent, policy, run_level),
+        offline_agent=agent_options(algo.offline_algo, "offline_agent", offline_options, policy, run_level),
         online_agent=agent_options(algo.online_algo, "online_agent", algo.online_agent, policy, run_level),
         offline_steps=cfg.budget.offline_steps if algo.offline_algo else 0, online_steps=cfg.budget.online_steps,
         offline_batch_size=cfg.budget.batch_size, online_batch_size=cfg.budget.batch_size, gamma=cfg.env.gamma,

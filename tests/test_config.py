@@ -57,6 +57,32 @@ def test_conflicting_network_options_are_errors_that_name_both():
         runner_config(compose_train(["algo=calql", "+algo.online_agent.cql_alpha=1.0"]))
 
 
+def test_the_vla_presets_take_their_head_from_policy_head_or_from_the_preset():
+    """The VLA issue spells the head `algo=vla_bc env=<suite> policy.head=flow`; before, that was Hydra's
+    "Key 'head' is not in struct" (only algo.offline_agent.head existed)."""
+    from omegaconf import OmegaConf
+
+    from embodied.run_config import VLA_PRESET_HEADS
+    from embodied.train import CONF_DIR
+
+    suite = "env=cube-single-suite"
+    for preset, head in VLA_PRESET_HEADS.items():
+        assert OmegaConf.load(CONF_DIR / "algo" / f"{preset}.yaml").offline_agent.head == head
+        assert built([f"algo={preset}", suite]).head == head
+    for head in ("parallel", "flow", "ar"):
+        assert built(["algo=vla_bc", suite, f"policy.head={head}"]).head == head
+        assert built(["algo=vla_bc", suite, f"algo.offline_agent.head={head}"]).head == head
+    assert compose_train(["algo=vla_ppo", suite]).policy.name == "vla"   # the presets select the group
+    assert built(["algo=vla_qc", suite, "policy.head=parallel"]).head == "parallel"   # frozen best-of-N takes any head
+    with pytest.raises(ConfigError, match="policy.head=ar conflicts with algo.offline_agent.head=flow"):
+        runner_config(compose_train(["algo=vla_bc", suite, "policy.head=ar", "algo.offline_agent.head=flow"]))
+    with pytest.raises(ConfigError, match="policy.head=parallel: algo=vla_ppo fine-tunes the flow head"):
+        runner_config(compose_train(["algo=vla_ppo", suite, "policy.head=parallel"]))
+    with pytest.raises(ConfigError, match="policy=gaussian is a gaussian network but algo=vla_bc trains a VLA"):
+        runner_config(compose_train(["algo=vla_bc", suite, "policy=gaussian"]))
+    assert compose_train(["algo=wsrl"]).policy.name == "gaussian"   # the others keep the default group
+
+
 def test_unknown_or_mistyped_agent_options_name_the_key():
     with pytest.raises(ConfigError, match=r"num_critic \(did you mean num_critics\?\)"):
         agents.make_config("sac", {"num_critic": 3})

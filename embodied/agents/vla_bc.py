@@ -1,6 +1,6 @@
 """Multi-task behaviour cloning of the VLA-style policy (`policies/vla.py`) on a suite's image demos.
 
-    python -m embodied.train algo=vla_bc env=cube-single-suite algo.offline_agent.head=parallel|flow|ar
+    python -m embodied.train algo=vla_bc env=cube-single-suite policy.head=parallel|flow|ar
 
 One model learns every task of the suite from camera frames, the state and the instruction. The loss
 is the head's: L1 on the normalised chunk (OpenVLA-OFT's parallel decoding), flow-matching velocity MSE

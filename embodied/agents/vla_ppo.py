@@ -130,7 +130,7 @@ class VLAPPO(VLAActing, Agent):
                               "(set algo=vla_ppo, or pretrained=<a vla_bc run>)")
         if getattr(vla, "head", None) != "flow":
             raise ConfigError(f"algo=vla_ppo needs the flow head (its Euler chain is what PPO fine-tunes); the VLA has "
-                              f"head={getattr(vla, 'head', None)!r}: pretrain with algo.offline_agent.head=flow")
+                              f"head={getattr(vla, 'head', None)!r}: pretrain with policy.head=flow")
         check_online_reward(cfg.reward)
         if cfg.finetune not in FINETUNE_MODES:
             raise ConfigError(f"algo.online_agent.finetune={cfg.finetune!r}: choose one of {', '.join(FINETUNE_MODES)}")

@@ -114,7 +114,7 @@ class VLAQC(Agent):
         self.learns = cfg.finetune != "frozen"
         if self.learns and (getattr(vla, "head", None) != "flow" or vla.flow_sampler != "euler"):
             raise ConfigError(f"algo.online_agent.finetune={cfg.finetune} trains the flow head by BC, and this VLA acts "
-                              f"with head={getattr(vla, 'head', None)!r}: pretrain with algo.offline_agent.head=flow "
+                              f"with head={getattr(vla, 'head', None)!r}: pretrain with policy.head=flow "
                               "(Euler sampler), or keep finetune=frozen")
         if self.learns and (cfg.horizon != vla.chunk or cfg.bc_every < 1 or cfg.bc_batch_size < 0):
             raise ConfigError(f"algo.online_agent.finetune={cfg.finetune} distils whole executed chunks: set "

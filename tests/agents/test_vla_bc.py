@@ -60,14 +60,14 @@ def test_a_suite_is_only_for_vla_bc_and_vla_bc_needs_a_suite():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("head", ["parallel"])   # the heads themselves: tests/policies/test_vla.py
+@pytest.mark.parametrize("head", ["flow"])   # the heads themselves: tests/policies/test_vla.py
 def test_vla_bc_pretrains_on_two_tasks_and_saves_a_deployable_policy(head, tmp_path, monkeypatch):
     monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path / "cache"))
     cfg = compose_train(["algo=vla_bc", "env=cube-single-suite", "env.tasks=[1,2]", "dataset=task",
                          "dataset.size=300", "budget.offline_steps=6", "budget.online_steps=0", "budget.batch_size=8",
                          "eval.episodes=1", "eval.every_offline=6", "logger=jsonl", "progress=false", "threads=1",
                          "checkpoint.every=0", "eval.video_episodes=1", "eval.video_size=64",
-                         "env.variations=[none,lighting]", f"algo.offline_agent.head={head}", *TINY])
+                         "env.variations=[none,lighting]", f"policy.head={head}", *TINY])  # the spelling
     summary = run(cfg, tmp_path / "run")
     assert summary["tasks"] == [1, 2] and set(summary["task_success"]) == {1, 2}
     assert all(0.0 <= s <= 1.0 for s in summary["task_success"].values())
