@@ -82,9 +82,6 @@ def vla_offline_options(cfg: DictConfig) -> DictConfig:
     `algo.offline_agent.head=flow` are one setting. Both set and different is an error, and so is a non-flow
     head for vla_ppo (PPO fine-tunes the flow head's chain)."""
     algo = cfg.algo
-    if cfg.policy.kind != "vla":
-        raise ConfigError(f"policy={cfg.policy.name} is a {cfg.policy.kind} network but algo={algo.name} trains a "
-                          f"VLA; drop policy= (the preset selects policy=vla)")
     options = OmegaConf.to_container(algo.offline_agent, resolve=True)
     head = cfg.policy.head
     if head is None or head == options.get("head"):
@@ -107,7 +104,7 @@ def runner_config(cfg: DictConfig):
     bf16 = resolve_bf16(cfg.bf16, cfg.device)
     policy = {k: v for k, v in OmegaConf.to_container(cfg.policy, resolve=True).items() if k not in ("name", "kind")}
     if cfg.policy.kind != algo.policy:  # a network group of another kind than the preset's policy
-        if cfg.policy.name != DEFAULT_POLICY:
+        if cfg.policy.name != DEFAULT_POLICY or algo.policy == "vla":  # the VLA presets select their own group
             raise ConfigError(f"policy={cfg.policy.name} is a {cfg.policy.kind} network but algo={algo.name} trains a "
                               f"{algo.policy} policy; use policy={algo.policy} or drop policy=")
         policy = {}  # the default group is the Gaussian agents' network; other kinds bring their own

@@ -78,7 +78,7 @@ def test_the_vla_presets_take_their_head_from_policy_head_or_from_the_preset():
         runner_config(compose_train(["algo=vla_bc", suite, "policy.head=ar", "algo.offline_agent.head=flow"]))
     with pytest.raises(ConfigError, match="policy.head=parallel: algo=vla_ppo fine-tunes the flow head"):
         runner_config(compose_train(["algo=vla_ppo", suite, "policy.head=parallel"]))
-    with pytest.raises(ConfigError, match="policy=gaussian is a gaussian network but algo=vla_bc trains a VLA"):
+    with pytest.raises(ConfigError, match="policy=gaussian is a gaussian network but algo=vla_bc trains a vla policy"):
         runner_config(compose_train(["algo=vla_bc", suite, "policy=gaussian"]))
     assert compose_train(["algo=wsrl"]).policy.name == "gaussian"   # the others keep the default group
 
