@@ -9,7 +9,9 @@ is shared and evaluated once (fixed start states and noise), so "before" counts 
 seeds vary the critic's init, the exploration noise and the online episodes. `--slices --before EVAL_JSON`
 gives seed k its own E start states (k E .. (k + 1) E - 1, E = eval.episodes) and takes "before" from a
 `benchmarks/vla_eval_sets.py` eval of the same policy on all n E of them: both sides then cover the same n E
-start states, where without it every seed repeats the pretraining eval's first E. Each finished
+start states, where without it every seed repeats the pretraining eval's first E. For vla_ppo, whose
+step-0 eval is the pretrained VLA at its fine-tuned sampler, `--slices` alone is enough: each seed's own step-0
+eval on its slice is its "before" (same states and noise as its "after"). Each finished
 job leaves `<out>/task<T>_s<S>.json`; a later call with the same `--out` and command reuses it, so seeds can be
 added (`--seed-list`) or an interrupted sweep finished without rerunning what is done. Calls that share an
 `--out` may run side by side: a job another call is running waits for it (`<out>/task<T>_s<S>.lock`).
@@ -133,18 +135,23 @@ def read_before_eval(path: Path, pretrained: Path, env: str, algo: str, override
             "episode_success": {int(t): v for t, v in data["sets"]["none"].get("episode_success", {}).items()}}
 
 
-def check_pairing(before: bool, slices: bool) -> None:
+def check_pairing(before: bool, slices: bool, algo: str) -> None:
+    if slices and not before and algo == "vla_ppo":
+        return   # each seed's own step-0 eval covers its slice
     if before != slices:
-        raise SystemExit("--before and --slices go together: a 'before' over more start states than the fine-tunes' "
-                         "evals is not paired with them unless each seed evaluates its own slice of those states")
+        raise SystemExit("--before and --slices go together (vla_ppo may take --slices alone): a 'before' over more "
+                         "start states than the fine-tunes' evals is not paired with them unless each seed evaluates "
+                         "its own slice of those states")
 
 
 def make_tables(jobs: list[dict], tasks: list[int], algo: str, pretrained: Path, before_eval: dict | None = None,
                 slices: bool = False) -> dict:
     """Per fine-tuned task: before, after and the other tasks, pooled over seeds. With `slices` each seed k
     was evaluated on its own start states (k E .. (k + 1) E - 1), and `before_eval` (`read_before_eval`),
-    the pretrained policy on all of them, replaces the runs' own "before" (their first E states only)."""
-    check_pairing(before_eval is not None, slices)
+    the pretrained policy on all of them, replaces the runs' own "before" (their first E states only); without
+    it (vla_ppo) each run's own step-0 eval on its slice is its "before"."""
+    check_pairing(before_eval is not None, slices, algo)
+    own_slices = slices and before_eval is None
     tables = {}
     # one pretraining for all; its own eval is "before" only without a --before eval
     first = before_episodes(algo, pretrained, jobs[0]["episodes"]) if jobs and before_eval is None else 0
@@ -169,36 +176,46 @@ def make_tables(jobs: list[dict], tasks: list[int], algo: str, pretrained: Path,
             success_before = before_eval["task_success"][task]
             others_before = {t: before_eval["task_success"][int(t)] for t in others}
             n_before = before_eval["episodes"]
+        befores = [success_before]   # one shared pretraining, evaluated once: its episodes count once
+        if own_slices:                # the same pretraining on each seed's own states: every slice counts
+            befores, others_before, n_before = ([r["success_before"] for r in runs], None, episodes)
         tables[task] = {
-            "seeds": len(runs), "episodes_per_seed": episodes, "episodes_before": n_before,
-            # one shared pretraining, evaluated once: its episodes count once, not once per seed
-            "before": pooled([success_before], n_before),
+            "seeds": len(runs), "episodes_per_seed": episodes, "episodes_before": n_before * len(befores),
+            "before": pooled(befores, n_before),
             "after": pooled([r["success_after"] for r in runs], episodes),
-            "other_tasks_before": pooled(mean([others_before]), n_before * len(others)),
+            "other_tasks_before": pooled(mean([r["other_tasks_before"] for r in runs] if own_slices
+                                              else [others_before]), n_before * len(others)),
             "other_tasks_after": pooled(mean([r["other_tasks_after"] for r in runs]), episodes * len(others)),
             **{key.split("/")[1]: [r[key.split("/")[1]] for r in runs] for key in DIAGNOSTICS[algo]},
             "seed_level": seed_level(runs, task, others, success_before, others_before,
                                      before_eval["episode_success"] if before_eval else None, episodes,
-                                     same_states=before_eval is None and n_before == episodes),
+                                     same_states=before_eval is None and n_before == episodes,
+                                     own_slices=own_slices),
         }
     return tables
 
 
 def seed_level(runs: list[dict], task: int, others: list, success_before: float, others_before: dict,
-               before_episodes: dict | None, episodes: int, same_states: bool = False) -> dict:
+               before_episodes: dict | None, episodes: int, same_states: bool = False,
+               own_slices: bool = False) -> dict:
     """Gain and forgetting tested over seeds (Student t on after - before per seed), beside the tables' pooled
     Wilson intervals, which count episodes as independent. `pairing` says what each seed is compared with:
     "slice", the pretrained policy on that seed's own start states (`--slices` and a before eval that kept
-    its per-episode outcomes); "same states", the one shared before, on the start states every seed
+    its per-episode outcomes); "own slice", that seed's own step-0 eval on its slice (`--slices` alone);
+    "same states", the one shared before, on the start states every seed
     evaluated; "unpaired", a before over other or more start states (a pretraining eval of another
     eval.episodes, or a before eval from before per-episode outcomes were kept)."""
     slice_of = lambda outcomes, seed: outcomes[seed * episodes:(seed + 1) * episodes]
     mean = lambda values: sum(values) / len(values)
     paired = before_episodes is not None and all(int(t) in before_episodes for t in [task, *others])
-    pairing = "slice" if paired else "same states" if same_states else "unpaired"
-    task_before = [mean(slice_of(before_episodes[task], r["seed"])) if paired else success_before for r in runs]
-    others_of = lambda r: mean([mean(slice_of(before_episodes[int(t)], r["seed"])) for t in others]) if paired \
-        else mean([others_before[t] for t in others])
+    pairing = "slice" if paired else "own slice" if own_slices else "same states" if same_states else "unpaired"
+    if own_slices:
+        task_before = [r["success_before"] for r in runs]
+        others_of = lambda r: mean([r["other_tasks_before"][t] for t in others])
+    else:
+        task_before = [mean(slice_of(before_episodes[task], r["seed"])) if paired else success_before for r in runs]
+        others_of = lambda r: mean([mean(slice_of(before_episodes[int(t)], r["seed"])) for t in others]) if paired \
+            else mean([others_before[t] for t in others])
     return {"pairing": pairing, "task_before_per_seed": [round(b, 3) for b in task_before],
             "gain": seed_t_test([r["success_after"] - b for r, b in zip(runs, task_before)]),
             "other_tasks_change": seed_t_test([mean([r["other_tasks_after"][t] for t in others]) - others_of(r)
@@ -233,7 +250,8 @@ def main() -> None:
                              "more episodes): the tables' 'before' (with --recompute too)")
     parser.add_argument("--slices", action="store_true",
                         help="seed k evaluates start states k*E..(k+1)*E-1 (E = eval.episodes, via eval.first_episode): "
-                             "seeds 0..n-1 cover the n*E states of a --before eval (needs --before)")
+                             "seeds 0..n-1 cover the n*E states of a --before eval (needs --before, except for vla_ppo: "
+                             "each seed's own step-0 eval is then its before)")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every job")
     args = parser.parse_args()
     if args.recompute:
@@ -251,7 +269,7 @@ def main() -> None:
         return
     if args.pretrained is None:
         parser.error("--pretrained is required (a vla_bc run with the flow head)")
-    check_pairing(bool(args.before), args.slices)   # before any fine-tuning, not after the sweep
+    check_pairing(bool(args.before), args.slices, args.algo)   # before any fine-tuning, not after the sweep
     episodes = eval_episodes(args.algo, args.env, args.overrides)
     if args.slices and any(o.startswith("eval.first_episode=") for o in args.overrides):
         parser.error("--slices sets eval.first_episode per seed: drop it from the overrides")

@@ -29,6 +29,25 @@ def test_vla_finetune_seed_level_pairs_each_seed_with_the_before_on_its_own_slic
     assert level["gain"]["mean"] == pytest.approx(0.5 - 2 / 12, abs=1e-4)
 
 
+def test_vla_ppo_slices_without_a_before_eval_pair_each_seed_with_its_own_step0_eval():
+    """vla_ppo's step-0 eval is the pretrained VLA on the seed's own slice: it is that seed's "before", and
+    the pooled "before" counts every slice's episodes (a slice is not the shared first E states)."""
+    jobs = [{"task": 2, "seed": seed, "episodes": 10, "success_after": after, "success_before": before,
+             "other_tasks_before": {"1": other_before}, "other_tasks_after": {"1": other_after},
+             "action_distance": 0.1, "chain_kl": 1.0}
+            for seed, before, after, other_before, other_after in
+            [(0, 0.2, 0.5, 0.4, 0.4), (1, 0.4, 0.6, 0.6, 0.5), (2, 0.3, 0.3, 0.2, 0.3)]]
+    table = make_tables(jobs, [2], "vla_ppo", Path("unused"), None, slices=True)[2]
+    assert table["episodes_before"] == 30 and table["before"]["success"] == pytest.approx(0.3)
+    assert table["other_tasks_before"]["success"] == pytest.approx(0.4)
+    level = table["seed_level"]
+    assert level["pairing"] == "own slice" and level["task_before_per_seed"] == [0.2, 0.4, 0.3]
+    assert level["gain"]["mean"] == pytest.approx((0.3 + 0.2 + 0.0) / 3, abs=1e-4)
+    assert level["other_tasks_change"]["mean"] == pytest.approx((0.0 - 0.1 + 0.1) / 3, abs=1e-4)
+    with pytest.raises(SystemExit, match="go together"):   # vla_qc's before is the pretraining's eval
+        make_tables(jobs, [2], "vla_qc", Path("unused"), None, slices=True)
+
+
 def test_vla_finetune_before_episodes_skips_the_final_per_variation_evals(tmp_path):
     """A pretraining with env.variations ends with per-variation evals that do not count their episodes; the
     "before" count read the last of them and fell back to the fine-tune's eval.episodes (10 for 20)."""
