@@ -43,7 +43,9 @@ from embodied.stats import seed_t_test, wilson  # noqa: E402
 
 
 DIAGNOSTICS = {"vla_qc": ("finetune/action_distance", "finetune/candidate_spread"),
-               "vla_ppo": ("finetune/action_distance", "finetune/chain_kl")}
+               "vla_ppo": ("finetune/action_distance", "finetune/chain_kl"),
+               "vla_ppo_manip": ("finetune/action_distance", "finetune/chain_kl")}   # vla_ppo, ReinFlow's manip values
+ON_POLICY = ("vla_ppo", "vla_ppo_manip")   # "before" is their own online step-0 eval
 
 
 def last_online_mean(metrics: Path, key: str, records: int = 3) -> float | None:
@@ -103,7 +105,7 @@ def before_episodes(algo: str, pretrained: Path, episodes: int) -> int:
 def sampler_steps(algo: str, pretrained: Path, overrides: list[str]) -> int | None:
     """The Euler steps "before" must be measured at: vla_ppo's `denoising_steps` (what it fine-tunes and
     deploys), vla_qc's the pretrained policy's own (None for a head without them)."""
-    if algo == "vla_ppo":
+    if algo in ON_POLICY:
         for override in overrides:
             if override.startswith("algo.online_agent.denoising_steps="):
                 return int(override.split("=", 1)[1])
@@ -136,7 +138,7 @@ def read_before_eval(path: Path, pretrained: Path, env: str, algo: str, override
 
 
 def check_pairing(before: bool, slices: bool, algo: str) -> None:
-    if slices and not before and algo == "vla_ppo":
+    if slices and not before and algo in ON_POLICY:
         return   # each seed's own step-0 eval covers its slice
     if before != slices:
         raise SystemExit("--before and --slices go together (vla_ppo may take --slices alone): a 'before' over more "

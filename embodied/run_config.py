@@ -74,7 +74,7 @@ def agent_options(name: str | None, section: str, options: DictConfig, policy: d
     return merged
 
 
-VLA_PRESET_HEADS = {"vla_bc": "parallel", "vla_qc": "flow", "vla_ppo": "flow"}  # conf/algo/<name>.yaml (tested)
+VLA_PRESET_HEADS = {"vla_bc": "parallel", "vla_qc": "flow", "vla_ppo": "flow", "vla_ppo_manip": "flow"}  # conf/algo/<name>.yaml (tested)
 
 
 def vla_offline_options(cfg: DictConfig) -> DictConfig:

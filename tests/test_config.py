@@ -67,7 +67,8 @@ def test_the_vla_presets_take_their_head_from_policy_head_or_from_the_preset():
 
     suite = "env=cube-single-suite"
     for preset, head in VLA_PRESET_HEADS.items():
-        assert OmegaConf.load(CONF_DIR / "algo" / f"{preset}.yaml").offline_agent.head == head
+        own = OmegaConf.load(CONF_DIR / "algo" / f"{preset}.yaml")   # vla_ppo_manip inherits vla_ppo's
+        assert (own.offline_agent.head if "offline_agent" in own else VLA_PRESET_HEADS[own.defaults[0]]) == head
         assert built([f"algo={preset}", suite]).head == head
     for head in ("parallel", "flow", "ar"):
         assert built(["algo=vla_bc", suite, f"policy.head={head}"]).head == head
@@ -185,3 +186,17 @@ def test_an_anystart_maze_is_its_fixed_start_sibling_but_for_the_name(maze):
     assert anystart["env"].pop("name") == f"pointmaze-{maze}-anystart"
     sibling["env"].pop("name")
     assert anystart == sibling
+
+
+def test_vla_ppo_manip_takes_reinflows_visual_manipulation_values():
+    """algo=vla_ppo_manip: ReinFlow's robomimic image config (can, ft_ppo_reflow_mlp_img.yaml) over vla_ppo's
+    Hopper values; everything else, the counts included, is vla_ppo's."""
+    suite = "env=cube-single-suite"
+    manip, hopper = built(["algo=vla_ppo_manip", suite], "online"), built(["algo=vla_ppo", suite], "online")
+    assert (manip.min_std, manip.max_std, manip.noise_decay, tuple(manip.noise_hidden)) == (0.08, 0.14, False,
+                                                                                            (256, 256, 256))
+    assert (manip.actor_lr, manip.update_epochs, manip.target_kl, manip.ent_coef) == (2e-5, 10, 0.01, 0.01)
+    assert (hopper.min_std, hopper.max_std, hopper.actor_lr, hopper.target_kl) == (0.10, 0.24, 4.5e-5, 1.0)
+    for same in ("denoising_steps", "clip_ratio", "critic_lr", "n_envs", "rollout_steps", "minibatches", "reward"):
+        assert getattr(manip, same) == getattr(hopper, same), same
+    assert built(["algo=vla_ppo_manip", suite, "algo.online_agent.min_std=0.05"], "online").min_std == 0.05
