@@ -111,7 +111,7 @@ def test_every_shipped_preset_passes_the_checks():
     assert len(presets) >= 10, presets   # an empty or broken glob would check nothing
     for experiment in ("smoke", "default"):
         for preset in presets:
-            vla = preset in ("vla_bc", "vla_qc", "vla_ppo")
+            vla = preset.startswith("vla_")   # vla_bc, vla_qc, vla_ppo, vla_ppo_manip: suites only
             suite = ["env=cube-single-suite", "dataset=task", "checkpoint.every=0"] if vla else []
             check_config(compose_train([f"algo={preset}", f"experiment={experiment}", *suite]))
     for env in ("hopper", "cube-single"):

@@ -17,8 +17,8 @@ import sims
 from embodied.train import CONF_DIR, GROUPS, group_options, run
 
 REPO = Path(__file__).resolve().parents[1]
-# vla_bc and vla_qc train on a suite: tests/agents/test_vla_bc.py, tests/agents/test_vla_qc.py
-PRESETS = [p for p in group_options("algo") if p not in ("vla_bc", "vla_qc", "vla_ppo")]
+# the VLA presets train on a suite: tests/agents/test_vla_bc.py, test_vla_qc.py, test_vla_ppo.py
+PRESETS = [p for p in group_options("algo") if not p.startswith("vla_")]
 
 
 def compose_train(overrides: list[str]):
