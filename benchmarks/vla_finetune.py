@@ -42,10 +42,9 @@ from benchmarks.machine import cpu_info, uptime  # noqa: E402
 from embodied.stats import seed_t_test, wilson  # noqa: E402
 
 
+ON_POLICY = ("vla_ppo", "vla_ppo_manip")   # route (b) presets; "before" is their own online step-0 eval
 DIAGNOSTICS = {"vla_qc": ("finetune/action_distance", "finetune/candidate_spread"),
-               "vla_ppo": ("finetune/action_distance", "finetune/chain_kl"),
-               "vla_ppo_manip": ("finetune/action_distance", "finetune/chain_kl")}   # vla_ppo, ReinFlow's manip values
-ON_POLICY = ("vla_ppo", "vla_ppo_manip")   # "before" is their own online step-0 eval
+               **{algo: ("finetune/action_distance", "finetune/chain_kl") for algo in ON_POLICY}}
 
 
 def last_online_mean(metrics: Path, key: str, records: int = 3) -> float | None:

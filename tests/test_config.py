@@ -60,15 +60,14 @@ def test_conflicting_network_options_are_errors_that_name_both():
 def test_the_vla_presets_take_their_head_from_policy_head_or_from_the_preset():
     """The VLA issue spells the head `algo=vla_bc env=<suite> policy.head=flow`; before, that was Hydra's
     "Key 'head' is not in struct" (only algo.offline_agent.head existed)."""
-    from omegaconf import OmegaConf
-
     from embodied.run_config import VLA_PRESET_HEADS
-    from embodied.train import CONF_DIR
+    from embodied.train import group_options
 
     suite = "env=cube-single-suite"
+    # a preset missing from the table would skip the head-conflict check below
+    assert set(VLA_PRESET_HEADS) == {p for p in group_options("algo") if p.startswith("vla_")}
     for preset, head in VLA_PRESET_HEADS.items():
-        own = OmegaConf.load(CONF_DIR / "algo" / f"{preset}.yaml")   # vla_ppo_manip inherits vla_ppo's
-        assert (own.offline_agent.head if "offline_agent" in own else VLA_PRESET_HEADS[own.defaults[0]]) == head
+        assert compose_train([f"algo={preset}", suite]).algo.offline_agent.head == head   # the yaml's, or inherited
         assert built([f"algo={preset}", suite]).head == head
     for head in ("parallel", "flow", "ar"):
         assert built(["algo=vla_bc", suite, f"policy.head={head}"]).head == head
